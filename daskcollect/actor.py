@@ -1,0 +1,186 @@
+"""``CollectorActor``: the long-lived object on each worker around a TorchRL collector.
+
+One actor lives in each worker process (sync actor methods on a worker share
+one thread). It builds its envs and policy once, keeps them between rollouts,
+loads new weights in place between rollouts, and returns CPU batches whose
+trajectory ids are unique across the whole collection.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+import traceback
+from dataclasses import dataclass
+
+import cloudpickle
+import numpy as np
+import torch
+from distributed import Future, get_client, get_worker
+from tensordict import TensorDictBase
+
+from daskcollect import config
+from daskcollect.errors import RolloutError
+from daskcollect.weights import WeightsPayload, WeightsRef
+
+#: Trajectory ids of collector ``uid`` live in ``[uid << TRAJ_ID_BITS, (uid + 1) << TRAJ_ID_BITS)``.
+TRAJ_ID_BITS = 32
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    """How to start one actor.
+
+    Attributes:
+        index: The collector's slot (0..num_collectors-1).
+        uid: Unique id of this actor incarnation; it namespaces trajectory ids.
+        track_policy_version: Write ``"policy_version"`` into each batch.
+    """
+
+    index: int
+    uid: int
+    track_policy_version: bool = False
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One rollout's batch and where it came from.
+
+    Attributes:
+        batch: The CPU TensorDict.
+        index: The collector's slot.
+        uid: The actor incarnation that made it.
+        rollout_id: The actor's rollout counter (0-based).
+        policy_version: The weights version the batch was collected with.
+        seconds: Wall time of the rollout on the worker.
+        cpu_seconds: CPU time of the rollout thread (``seconds`` minus this is
+            time spent waiting for the GIL or a core).
+    """
+
+    batch: TensorDictBase
+    index: int
+    uid: int
+    rollout_id: int
+    policy_version: int
+    seconds: float
+    cpu_seconds: float
+
+
+class CollectorActor:
+    """Hosts one TorchRL collector inside a Dask worker (created with ``actor=True``).
+
+    Args:
+        spec: How to label its output.
+        recipe: A cloudpickled :class:`~daskcollect.recipe.CollectorRecipe`
+            (scattered once by the driver, so Dask resolves it from a future).
+    """
+
+    def __init__(self, spec: ActorSpec, recipe: bytes):
+        self._worker = get_worker()
+        self.index = spec.index
+        self.uid = spec.uid
+        self.where = f"collector {spec.index} on worker {self._worker.address}"
+        self._track_version = spec.track_policy_version
+        self._traj_offset = spec.uid << TRAJ_ID_BITS
+        self.policy_version = 0
+        self.rollouts = 0
+        self.frames = 0
+        self._collector = cloudpickle.loads(recipe).build(self.where)
+        self._iterator = iter(self._collector)
+        if config.get("worker.gc-freeze"):
+            # Move the long-lived heap (Dask, torch, the envs) out of the
+            # collector's way: full collections then scan only rollout garbage.
+            gc.freeze()
+
+    # --- weights -----------------------------------------------------------
+    def _fetch(self, ref: WeightsRef) -> WeightsPayload:
+        try:
+            return self._worker.data[ref.key]
+        except KeyError:
+            # Not replicated here (or dropped by the Active Memory Manager): fetch it.
+            client = get_client()
+            return Future(ref.key, client).result(timeout=config.timeout("weights"))
+
+    def _load(self, ref: WeightsRef) -> None:
+        payload = self._fetch(ref)
+        self._collector.update_policy_weights_(payload.to_tensordict())
+        self.policy_version = ref.version
+
+    # --- rollouts ----------------------------------------------------------
+    def rollout(self, weights: WeightsRef | None = None) -> Rollout:
+        """Collects one batch, after loading ``weights`` if they are newer.
+
+        Raises:
+            RolloutError: With the worker, the collector index and the original
+                traceback, if the env or the policy raised.
+        """
+        start = time.perf_counter()
+        cpu0 = time.thread_time()
+        try:
+            if weights is not None and weights.version != self.policy_version:
+                self._load(weights)
+            batch = next(self._iterator)
+        except Exception as exc:
+            raise RolloutError(
+                f"{self.where}: rollout {self.rollouts} failed with {type(exc).__name__}: "
+                f"{exc}\n\nOriginal traceback (on the worker):\n{traceback.format_exc()}",
+                worker=self._worker.address,
+                index=self.index,
+            ) from None
+        if batch.device is None or batch.device.type != "cpu":
+            batch = batch.to("cpu")  # CUDA tensors do not serialize
+        ids = batch.get(("collector", "traj_ids"), None)
+        if ids is not None and self._traj_offset:
+            batch.set(("collector", "traj_ids"), torch.where(ids >= 0, ids + self._traj_offset, ids))
+        if self._track_version:
+            batch.set("policy_version", torch.full(batch.shape, self.policy_version, dtype=torch.int64))
+        out = Rollout(
+            batch,
+            self.index,
+            self.uid,
+            self.rollouts,
+            self.policy_version,
+            time.perf_counter() - start,
+            time.thread_time() - cpu0,
+        )
+        self.rollouts += 1
+        self.frames += batch.numel()
+        return out
+
+    # --- state -------------------------------------------------------------
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seeds the envs, torch and NumPy, as a ``MultiSyncCollector`` worker does."""
+        out = self._collector.set_seed(seed, static_seed=static_seed)
+        torch.manual_seed(seed)
+        np.random.seed(seed % 2**32)
+        return out
+
+    def reset(self) -> None:
+        """Resets the envs (the next rollout starts new trajectories)."""
+        self._collector.reset()
+
+    def state_dict(self) -> dict:
+        return self._collector.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._collector.load_state_dict(state_dict)
+
+    def info(self) -> dict:
+        """Small facts about this actor, for tests and monitoring."""
+        import os
+
+        return {
+            "index": self.index,
+            "uid": self.uid,
+            "worker": self._worker.address,
+            "pid": os.getpid(),
+            "rollouts": self.rollouts,
+            "frames": self.frames,
+            "policy_version": self.policy_version,
+        }
+
+    def close(self) -> None:
+        """Shuts the TorchRL collector down (envs and any sub-processes)."""
+        collector, self._collector = getattr(self, "_collector", None), None
+        if collector is not None:
+            collector.shutdown()

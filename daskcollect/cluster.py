@@ -1,0 +1,161 @@
+"""Turns ``client`` / ``scheduler_file`` / nothing into a Client we own.
+
+daskcollect always talks to the scheduler through its own
+``Client(direct_to_workers=True)``, so that actor calls and batches go
+straight to the workers and a user's Client is never reconfigured or closed.
+With nothing given, it starts a private loopback ``LocalCluster`` and closes
+it at shutdown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import dask.config
+from distributed import Client, LocalCluster
+
+from daskcollect import config
+from daskcollect.errors import ClusterConnectionError, NotEnoughWorkersError
+from daskcollect.options import ClusterOptions
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ClusterHandle:
+    """Our Client, and the private cluster when we started one.
+
+    Attributes:
+        client: Our own ``Client(direct_to_workers=True)``.
+        cluster: The private ``LocalCluster``, or ``None`` for a user's cluster.
+    """
+
+    client: Client
+    cluster: LocalCluster | None = None
+
+    @property
+    def dashboard_link(self) -> str | None:
+        try:
+            return self.client.dashboard_link
+        except Exception:  # no dashboard (bokeh missing or disabled)
+            return None
+
+    def close(self, timeout: float) -> None:
+        """Closes our Client and the private cluster; a user's cluster stays."""
+        with contextlib.suppress(Exception):
+            self.client.close(timeout=timeout)
+        if self.cluster is not None:
+            with contextlib.suppress(Exception):
+                self.cluster.close(timeout=timeout)
+
+
+def connect(options: ClusterOptions, n_workers: int) -> ClusterHandle:
+    """Connects to the cluster that ``options`` names, or starts a private one.
+
+    Args:
+        options: Where to run.
+        n_workers: Workers of a private ``LocalCluster``.
+
+    Raises:
+        ClusterConnectionError: If the scheduler cannot be reached within
+            ``daskcollect.timeouts.connect``.
+    """
+    timeout = config.timeout("connect")
+    target = options.client
+    if target is None and options.scheduler_file is None:
+        # The nanny hands the current dask.config to the worker processes.
+        with dask.config.set(config.get("local-cluster.cluster-config") or {}):
+            cluster = _local_cluster(options, n_workers)
+        try:
+            client = Client(cluster, direct_to_workers=True, set_as_default=False, timeout=timeout)
+        except BaseException:
+            cluster.close()
+            raise
+        return ClusterHandle(client, cluster)
+    return _connect_existing(options, timeout)
+
+
+def _local_cluster(options: ClusterOptions, n_workers: int) -> LocalCluster:
+    return LocalCluster(
+        n_workers=n_workers,
+        threads_per_worker=1,
+        processes=True,
+        host=config.get("local-cluster.host"),
+        dashboard_address=config.get("local-cluster.dashboard-address"),
+        resources=dict(options.worker_resources) if options.worker_resources else None,
+        security=options.security,
+    )
+
+
+def _connect_existing(options: ClusterOptions, timeout: float) -> ClusterHandle:
+    target = options.client
+    kwargs: dict[str, Any] = dict(direct_to_workers=True, set_as_default=False, timeout=timeout)
+    if isinstance(target, Client):
+        address = target.scheduler.address
+        kwargs["security"] = options.security or target.security
+        where = f"the scheduler of the given Client ({address})"
+    elif isinstance(target, str):
+        address = target
+        kwargs["security"] = options.security
+        where = f"the scheduler at {address}"
+    elif target is None:
+        address = None
+        kwargs["scheduler_file"] = options.scheduler_file
+        kwargs["security"] = options.security
+        where = f"the scheduler named in {options.scheduler_file}"
+    else:
+        raise ClusterConnectionError(
+            f"client must be a distributed.Client, a scheduler address or None, got "
+            f"{type(target).__name__}. Pass Client(...), 'tcp://host:8786' or nothing."
+        )
+    try:
+        client = Client(address, **kwargs)
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise ClusterConnectionError(
+            f"Could not connect to {where} within {timeout:g}s ({type(exc).__name__}: {exc}). "
+            "Check that the scheduler is running and reachable from here (address, port, "
+            "TLS settings), or raise daskcollect.timeouts.connect.",
+            address=address,
+        ) from exc
+    return ClusterHandle(client)
+
+
+def eligible_workers(client: Client, resources: Mapping[str, float] | None) -> list[str]:
+    """Addresses of the workers that declare ``resources``, in a stable order."""
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    out = []
+    for address, info in workers.items():
+        declared = info.get("resources") or {}
+        if all(declared.get(k, 0) >= v for k, v in (resources or {}).items()):
+            out.append(address)
+    return sorted(out)
+
+
+def wait_for_workers(
+    client: Client, n: int, resources: Mapping[str, float] | None, timeout: float
+) -> list[str]:
+    """Waits until ``n`` eligible workers exist and returns their addresses.
+
+    Raises:
+        NotEnoughWorkersError: If fewer than ``n`` are there after ``timeout``.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        found = eligible_workers(client, resources)
+        if len(found) >= n:
+            return found
+        if time.monotonic() >= deadline:
+            what = f" declaring resources {dict(resources)}" if resources else ""
+            raise NotEnoughWorkersError(
+                f"Needed {n} workers{what} (one per collector) but found {len(found)} after "
+                f"{timeout:g}s. Start more workers, lower num_collectors, or raise "
+                "daskcollect.timeouts.workers.",
+                needed=n,
+                found=len(found),
+            )
+        time.sleep(0.1)

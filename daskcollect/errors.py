@@ -1,0 +1,77 @@
+"""Typed exceptions. Each message names the cause and the fix.
+
+Every class subclasses :class:`DaskCollectError` and the built-in exception a
+caller would naturally catch (``ValueError``, ``TimeoutError``...). They pickle
+with their details, so errors raised on a worker arrive intact on the driver.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _rebuild(cls: type[DaskCollectError], message: str, details: dict[str, Any]):
+    return cls(message, **details)
+
+
+class DaskCollectError(Exception):
+    """Base class of every daskcollect error.
+
+    Args:
+        message: The full message, with the cause and the fix.
+        **details: Structured fields (worker address, collector index...)
+            exposed as attributes.
+    """
+
+    def __init__(self, message: str, **details: Any):
+        super().__init__(message)
+        self.details = details
+        for key, value in details.items():
+            setattr(self, key, value)
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), str(self), self.details))
+
+
+class ConfigurationError(DaskCollectError, ValueError):
+    """An argument of :class:`~daskcollect.DaskCollector` is invalid."""
+
+
+class EndlessCollectionError(DaskCollectError, TypeError):
+    """``len()`` of a collector with ``total_frames=-1``."""
+
+
+class PolicySerializationError(DaskCollectError, TypeError):
+    """The policy or an env constructor cannot be pickled for the workers."""
+
+
+class ClusterConnectionError(DaskCollectError, ConnectionError):
+    """The Dask scheduler cannot be reached."""
+
+
+class NotEnoughWorkersError(DaskCollectError, TimeoutError):
+    """Too few eligible workers joined the cluster in time."""
+
+
+class CollectorBuildError(DaskCollectError, RuntimeError):
+    """A collector could not be built on its worker."""
+
+
+class EnvConstructionError(CollectorBuildError):
+    """An env constructor raised on a worker."""
+
+
+class PolicyFactoryError(CollectorBuildError):
+    """A ``policy_factory`` raised on a worker."""
+
+
+class RolloutError(DaskCollectError, RuntimeError):
+    """A rollout raised on a worker (env step, policy forward...)."""
+
+
+class CollectorTimeoutError(DaskCollectError, TimeoutError):
+    """A call to the workers did not finish within its configured timeout."""
+
+
+class CollectorClosedError(DaskCollectError, RuntimeError):
+    """The collector was used after :meth:`~daskcollect.DaskCollector.shutdown`."""

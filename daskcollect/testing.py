@@ -1,0 +1,76 @@
+"""Envs and policies that tests, examples and spawned workers import by name.
+
+They live inside the package (as in tensordict) so that worker processes,
+which never see a test module, can unpickle them by reference.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from tensordict.nn import TensorDictModule
+from torch import nn
+
+
+def make_cartpole():
+    """A TorchRL ``GymEnv('CartPole-v1')``."""
+    from torchrl.envs import GymEnv
+
+    return GymEnv("CartPole-v1")
+
+
+def make_pendulum():
+    """A TorchRL ``GymEnv('Pendulum-v1')``."""
+    from torchrl.envs import GymEnv
+
+    return GymEnv("Pendulum-v1")
+
+
+def make_env_reading_variable(name: str = "DASKCOLLECT_TEST_VAR"):
+    """A CartPole env that fails unless the environment variable ``name`` is set."""
+    if name not in os.environ:
+        raise RuntimeError(f"{name} is not set on this worker")
+    return make_cartpole()
+
+
+def failing_env():
+    """An env constructor that always raises."""
+    raise ValueError("this env constructor always fails")
+
+
+class ArgmaxPolicy(nn.Module):
+    """A deterministic CartPole policy: one linear layer, one-hot argmax action."""
+
+    def __init__(self, n_obs: int = 4, n_act: int = 2):
+        super().__init__()
+        self.linear = nn.Linear(n_obs, n_act)
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        logits = self.linear(observation)
+        return nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(torch.int64)
+
+
+def cartpole_policy(seed: int = 0) -> TensorDictModule:
+    """A deterministic CartPole policy with seeded weights."""
+    torch.manual_seed(seed)
+    return TensorDictModule(ArgmaxPolicy(), in_keys=["observation"], out_keys=["action"])
+
+
+def constant_action_policy(action: int) -> TensorDictModule:
+    """A CartPole policy that always picks ``action``, by its weights alone.
+
+    The bias decides the action, so changing the weights on the driver changes
+    the actions the workers take: a direct probe of weight updates.
+    """
+    module = ArgmaxPolicy()
+    with torch.no_grad():
+        module.linear.weight.zero_()
+        module.linear.bias.copy_(torch.tensor([1.0, 0.0] if action == 0 else [0.0, 1.0]))
+    return TensorDictModule(module, in_keys=["observation"], out_keys=["action"])
+
+
+def set_constant_action(policy: TensorDictModule, action: int) -> None:
+    """Changes a :func:`constant_action_policy` in place."""
+    with torch.no_grad():
+        policy.module.linear.bias.copy_(torch.tensor([1.0, 0.0] if action == 0 else [0.0, 1.0]))
