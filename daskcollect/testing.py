@@ -74,3 +74,19 @@ def set_constant_action(policy: TensorDictModule, action: int) -> None:
     """Changes a :func:`constant_action_policy` in place."""
     with torch.no_grad():
         policy.module.linear.bias.copy_(torch.tensor([1.0, 0.0] if action == 0 else [0.0, 1.0]))
+
+
+def make_env_failing_after(steps: int = 50):
+    """A CartPole env whose ``step`` raises once it has run ``steps`` steps."""
+    env = make_cartpole()
+    calls = {"n": 0}
+    original = env._step
+
+    def _step(tensordict):
+        calls["n"] += 1
+        if calls["n"] > steps:
+            raise RuntimeError("step budget exhausted")
+        return original(tensordict)
+
+    env._step = _step
+    return env

@@ -39,7 +39,7 @@ def _local_cluster(daemon: bool = False, **kwargs) -> LocalCluster:
             threads_per_worker=1,
             processes=True,
             host="127.0.0.1",
-            dashboard_address=None,
+            dashboard_address="127.0.0.1:0",
             **kwargs,
         )
 

@@ -1,0 +1,148 @@
+"""Where collectors run: private clusters, given clients, addresses, files, resources."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from conftest import wait_until
+from distributed import Client
+
+from daskcollect import DaskCollector
+from daskcollect.testing import make_cartpole
+
+
+def test_address_and_scheduler_file(cluster, tmp_path):
+    with DaskCollector(
+        make_cartpole, frames_per_batch=20, total_frames=40, client=cluster.scheduler_address
+    ) as collector:
+        assert collector.num_collectors == 2
+        assert len(list(collector)) == 2
+    assert cluster.status.name == "running"  # a given cluster stays up
+
+    path = tmp_path / "scheduler.json"
+    with Client(cluster, set_as_default=False) as c:
+        c.write_scheduler_file(str(path))
+    with DaskCollector(make_cartpole, frames_per_batch=20, total_frames=40, scheduler_file=str(path)) as col:
+        assert len(list(col)) == 2
+
+
+def test_worker_resources_placement(make_cluster):
+    cluster = make_cluster(n_workers=2)
+    with Client(cluster, set_as_default=False) as client:
+        # Add a third worker that declares the resource; only it may host a collector.
+        cluster.worker_spec[2] = {
+            "cls": cluster.worker_spec[0]["cls"],
+            "options": {**cluster.worker_spec[0]["options"], "resources": {"GPU": 1}},
+        }
+        cluster.scale(3)
+        client.wait_for_workers(3, timeout=30)
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        gpu_worker = [a for a, w in workers.items() if w.get("resources", {}).get("GPU")]
+        assert len(gpu_worker) == 1
+        with DaskCollector(
+            make_cartpole, frames_per_batch=20, total_frames=40, worker_resources={"GPU": 1}, client=client
+        ) as collector:
+            assert collector.num_collectors == 1  # only one worker is eligible
+            assert collector.workers == gpu_worker
+            assert len(list(collector)) == 2
+
+
+SCRIPT = """
+import sys
+from torchrl.envs import GymEnv
+from daskcollect import DaskCollector
+
+if __name__ == "__main__":
+    env_name = "CartPole-v1"
+    horizon = 17
+    # A lambda closing over __main__'s variables: the workers never saw this file.
+    make_env = lambda: GymEnv(env_name, max_episode_steps=horizon)
+    with DaskCollector(make_env, frames_per_batch=100, total_frames=300, scheduler_file=sys.argv[1]) as c:
+        n = 0
+        for batch in c:
+            n += 1
+            assert batch["next", "truncated"].any()
+        print("BATCHES", n, c.num_collectors)
+"""
+
+
+def _spawn(args, log):
+    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def test_main_script_lambda_against_cli_scheduler_and_workers(tmp_path):
+    """`dask scheduler` and `dask worker` started by hand, a script with a __main__ lambda."""
+    sched_file = tmp_path / "scheduler.json"
+    dask_cli = [sys.executable, "-m", "distributed.cli.dask_scheduler"]
+    worker_cli = [sys.executable, "-m", "distributed.cli.dask_worker"]
+    log = open(tmp_path / "cluster.log", "w")
+    procs = [
+        _spawn(
+            [
+                *dask_cli,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--no-dashboard",
+                "--scheduler-file",
+                str(sched_file),
+            ],
+            log,
+        )
+    ]
+    try:
+        assert wait_until(sched_file.exists, timeout=30), open(tmp_path / "cluster.log").read()
+        for _ in range(2):
+            procs.append(
+                _spawn(
+                    [
+                        *worker_cli,
+                        "--scheduler-file",
+                        str(sched_file),
+                        "--host",
+                        "127.0.0.1",
+                        "--nthreads",
+                        "1",
+                        "--no-dashboard",
+                    ],
+                    log,
+                )
+            )
+        with Client(scheduler_file=str(sched_file), timeout=30, set_as_default=False) as c:
+            c.wait_for_workers(2, timeout=60)
+        script = tmp_path / "train.py"
+        script.write_text(textwrap.dedent(SCRIPT))
+        out = subprocess.run(
+            [sys.executable, str(script), str(sched_file)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "BATCHES 3 2" in out.stdout
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        deadline = time.monotonic() + 30
+        for p in procs:
+            try:
+                p.wait(timeout=max(deadline - time.monotonic(), 1))
+            except subprocess.TimeoutExpired:
+                p.kill()
+        log.close()
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_private_cluster_default_size(sync):
+    with DaskCollector(make_cartpole, frames_per_batch=20, total_frames=40, sync=sync) as collector:
+        assert collector.num_collectors == os.cpu_count()
+        assert len(collector.client.scheduler_info(n_workers=-1)["workers"]) == os.cpu_count()
+        assert len(list(collector)) == 2

@@ -1,0 +1,48 @@
+"""The WorkerPlugin: worker_env applied before envs are built, with no restart."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from daskcollect import DaskCollector
+from daskcollect.plugin import WorkerSetup
+from daskcollect.testing import make_env_reading_variable
+
+
+def read_env(name):
+    import os
+
+    return os.environ.get(name)
+
+
+def test_worker_env_visible_in_env_constructor_without_restart(client):
+    pids = client.run(os.getpid)
+    assert client.run(read_env, "DASKCOLLECT_TEST_VAR") == dict.fromkeys(pids)
+    with DaskCollector(
+        make_env_reading_variable,  # raises unless the variable is set on the worker
+        frames_per_batch=20,
+        total_frames=40,
+        worker_env={"DASKCOLLECT_TEST_VAR": "set-by-plugin"},
+        client=client,
+    ) as collector:
+        assert len(list(collector)) == 2
+        assert set(client.run(read_env, "DASKCOLLECT_TEST_VAR").values()) == {"set-by-plugin"}
+        assert client.run(os.getpid) == pids  # same processes: no restart
+    # Removing the plugin at shutdown restores the workers' environment.
+    assert client.run(read_env, "DASKCOLLECT_TEST_VAR") == dict.fromkeys(pids)
+    assert client.run(os.getpid) == pids
+
+
+def test_plugin_setup_and_teardown_in_process():
+    name = "DASKCOLLECT_PLUGIN_UNIT"
+    os.environ[name] = "before"
+    threads = torch.get_num_threads()
+    plugin = WorkerSetup({name: "during"}, torch_threads=None)
+    plugin.setup(worker=None)
+    assert os.environ[name] == "during"
+    assert torch.get_num_threads() == threads
+    plugin.teardown(worker=None)
+    assert os.environ[name] == "before"
+    del os.environ[name]

@@ -1,0 +1,159 @@
+"""Weight updates: scattered once, loaded in place between rollouts, versioned."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from daskcollect import ConfigurationError, DaskCollector
+from daskcollect.testing import constant_action_policy, make_cartpole, set_constant_action
+from daskcollect.weights import WeightsPayload, extract_weights
+
+
+def actions(batch) -> torch.Tensor:
+    """The action index of every frame, per collector for a sync batch."""
+    return batch["action"].argmax(-1)
+
+
+def per_collector(batch) -> list[set[int]]:
+    return [set(actions(batch[i]).unique().tolist()) for i in range(batch.shape[0])]
+
+
+def test_payload_roundtrip_keeps_dtypes_and_nesting():
+    td = TensorDict(
+        {
+            "a": torch.randn(3, 4),
+            "nested": {"b": torch.arange(5), "c": torch.randn(2).to(torch.bfloat16)},
+        }
+    )
+    payload = WeightsPayload.from_tensordict(td, version=3)
+    assert payload.version == 3
+    assert payload.nbytes == 3 * 4 * 4 + 5 * 8 + 2 * 2
+    out = payload.to_tensordict()
+    assert set(out.keys(True, True)) == set(td.keys(True, True))
+    for key in td.keys(True, True):
+        assert out[key].dtype == td[key].dtype
+        torch.testing.assert_close(out[key], td[key])
+
+
+def test_extract_weights_from_module_and_dict():
+    policy = constant_action_policy(0)
+    from_module = extract_weights(policy)
+    assert ("module", "linear", "bias") in from_module.keys(True, True)
+    from_dict = extract_weights({"w": torch.ones(2)})
+    assert from_dict["w"].sum() == 2
+    with pytest.raises(ConfigurationError, match="nn.Module"):
+        extract_weights(42)
+
+
+def test_update_reaches_workers_only_after_update(client):
+    policy = constant_action_policy(0)
+    with DaskCollector(
+        make_cartpole,
+        policy,
+        frames_per_batch=40,
+        total_frames=-1,
+        sync=True,
+        track_policy_version=True,
+        client=client,
+    ) as collector:
+        it = iter(collector)
+        batch = next(it)
+        assert per_collector(batch) == [{0}, {0}]
+        assert batch["policy_version"].unique().tolist() == [0]
+
+        set_constant_action(policy, 1)  # the driver changes; the workers must not yet
+        assert per_collector(next(it)) == [{0}, {0}]
+
+        collector.update_policy_weights_()
+        batch = next(it)
+        assert per_collector(batch) == [{1}, {1}]
+        assert batch["policy_version"].unique().tolist() == [1]
+        assert collector.policy_version == 1
+
+        # Only collector 0 gets the next weights.
+        set_constant_action(policy, 0)
+        collector.update_policy_weights_(worker_ids=[0])
+        batch = next(it)
+        assert per_collector(batch) == [{0}, {1}]
+        assert batch["policy_version"][0].unique().tolist() == [2]
+        assert batch["policy_version"][1].unique().tolist() == [1]
+
+        # Weights passed explicitly, as a TensorDict, by keyword.
+        other = constant_action_policy(1)
+        collector.update_policy_weights_(weights=TensorDict.from_module(other))
+        assert per_collector(next(it)) == [{1}, {1}]
+
+        with pytest.raises(ConfigurationError, match="worker_ids"):
+            collector.update_policy_weights_(worker_ids=[5])
+
+
+def test_update_after_each_batch(client):
+    policy = constant_action_policy(0)
+    with DaskCollector(
+        make_cartpole,
+        policy,
+        frames_per_batch=40,
+        total_frames=-1,
+        sync=True,
+        update_after_each_batch=True,
+        client=client,
+    ) as collector:
+        it = iter(collector)
+        assert per_collector(next(it)) == [{0}, {0}]
+        set_constant_action(policy, 1)
+        assert per_collector(next(it)) == [{1}, {1}]
+
+
+def test_max_weight_update_interval(client):
+    policy = constant_action_policy(0)
+    with DaskCollector(
+        make_cartpole,
+        policy,
+        frames_per_batch=40,
+        total_frames=-1,
+        sync=True,
+        max_weight_update_interval=1,
+        client=client,
+    ) as collector:
+        set_constant_action(policy, 1)
+        it = iter(collector)
+        # Collectors run on their weights for 2 batches (> 1), then are refreshed.
+        seen = [per_collector(next(it)) for _ in range(4)]
+    assert seen == [[{0}, {0}], [{0}, {0}], [{1}, {1}], [{1}, {1}]]
+
+
+def test_async_update_reaches_rearmed_collectors(client):
+    policy = constant_action_policy(0)
+    with DaskCollector(
+        make_cartpole,
+        policy,
+        frames_per_batch=40,
+        total_frames=-1,
+        sync=False,
+        track_policy_version=True,
+        client=client,
+    ) as collector:
+        it = iter(collector)
+        next(it)
+        set_constant_action(policy, 1)
+        collector.update_policy_weights_()
+        # Calls already in flight finish on version 0; within a few batches
+        # every collector runs on version 1 and acts accordingly.
+        versions = []
+        for _ in range(8):
+            batch = next(it)
+            version = batch["policy_version"].unique().tolist()
+            assert len(version) == 1
+            versions.append(version[0])
+            if version[0] == 1:
+                assert set(actions(batch).unique().tolist()) == {1}
+        assert versions == sorted(versions)
+        assert versions[-2:] == [1, 1]
+
+
+def test_no_policy_update_needs_weights(client):
+    with DaskCollector(make_cartpole, frames_per_batch=20, total_frames=40, client=client) as collector:
+        with pytest.raises(ConfigurationError, match="without a policy"):
+            collector.update_policy_weights_()
