@@ -1,0 +1,151 @@
+"""The ``daskcollect`` command: collect from a gymnasium env on a Dask cluster.
+
+Examples:
+    daskcollect run --env CartPole-v1 --collectors 2 --frames 20000
+    daskcollect run --env Pendulum-v1 --collectors 4 --frames 100000 --sync
+    daskcollect run --env CartPole-v1 --scheduler tcp://127.0.0.1:8786 --frames 50000
+    daskcollect run --env CartPole-v1 --worker-env OMP_NUM_THREADS=1 --frames 10000
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class GymEnvMaker:
+    """A picklable constructor of a TorchRL ``GymEnv``."""
+
+    def __init__(self, env_id: str):
+        self.env_id = env_id
+
+    def __call__(self):
+        from torchrl.envs import GymEnv
+
+        return GymEnv(self.env_id)
+
+    def __repr__(self) -> str:
+        return f"GymEnvMaker({self.env_id!r})"
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="daskcollect",
+        description="Collect TorchRL rollouts on a Dask cluster.",
+        epilog=__doc__.split("Examples:")[1].join(["Examples:", ""]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser(
+        "run",
+        help="collect frames from a gymnasium env and report the throughput",
+        epilog=__doc__.split("Examples:")[1].join(["Examples:", ""]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("--env", required=True, help="a gymnasium env id, e.g. CartPole-v1")
+    run.add_argument("--collectors", type=_positive, default=None, help="collectors (default: one per worker/CPU)")
+    run.add_argument("--frames", type=_positive, default=20_000, help="total frames to collect")
+    run.add_argument("--frames-per-batch", type=_positive, default=1000, help="frames per batch")
+    run.add_argument("--sync", action="store_true", help="stack one share of every collector per batch")
+    where = run.add_mutually_exclusive_group()
+    where.add_argument("--scheduler", default=None, help="a scheduler address, e.g. tcp://127.0.0.1:8786")
+    where.add_argument("--scheduler-file", default=None, help="a scheduler file")
+    run.add_argument(
+        "--worker-env", type=_key_value, action="append", default=[], metavar="K=V",
+        help="an environment variable for the workers (repeatable)",
+    )
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def _check_env_id(env_id: str) -> None:
+    import gymnasium
+
+    try:
+        gymnasium.spec(env_id)
+    except Exception as exc:
+        raise ValueError(f"unknown env id {env_id!r} ({exc}). Use a gymnasium id such as CartPole-v1.") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from daskcollect import DaskCollector
+
+    _check_env_id(args.env)
+    start = time.perf_counter()
+    collector = DaskCollector(
+        GymEnvMaker(args.env),
+        frames_per_batch=args.frames_per_batch,
+        total_frames=args.frames,
+        sync=args.sync,
+        num_collectors=args.collectors,
+        client=args.scheduler,
+        scheduler_file=args.scheduler_file,
+        worker_env=dict(args.worker_env),
+    )
+    with collector:
+        ready = time.perf_counter()
+        print(f"daskcollect: {collector.num_collectors} collectors on {len(set(collector.workers))} workers")
+        print(f"dashboard:   {collector.dashboard_link or 'not available (install bokeh)'}")
+        bar = tqdm(total=args.frames, unit="frames", unit_scale=True, disable=args.no_progress, smoothing=0.1)
+        frames = batches = 0
+        for batch in collector:
+            frames += batch.numel()
+            batches += 1
+            bar.update(min(batch.numel(), bar.total - bar.n))
+            bar.set_postfix(batches=batches, policy_version=collector.policy_version, refresh=False)
+        bar.close()
+        seconds = time.perf_counter() - ready
+    rows = [
+        ("env", args.env),
+        ("mode", "sync" if args.sync else "async"),
+        ("collectors", collector.num_collectors),
+        ("batches", batches),
+        ("frames", frames),
+        ("start-up (s)", f"{ready - start:.1f}"),
+        ("collection (s)", f"{seconds:.1f}"),
+        ("frames/s", f"{frames / seconds:,.0f}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``daskcollect`` console script."""
+    from daskcollect.errors import DaskCollectError
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print("daskcollect: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (DaskCollectError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0]
+        print(f"daskcollect: error: {first}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""The ``daskcollect`` command: the README's main job, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from daskcollect.cli import EXIT_ERROR, EXIT_OK, main
+
+
+def test_run_against_a_scheduler(cluster, capsys):
+    code = main(
+        [
+            "run",
+            "--env",
+            "CartPole-v1",
+            "--frames",
+            "2000",
+            "--frames-per-batch",
+            "500",
+            "--scheduler",
+            cluster.scheduler_address,
+            "--no-progress",
+            "--worker-env",
+            "A=1",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == EXIT_OK
+    assert "2 collectors on 2 workers" in out
+    assert "frames          2000" in out and "batches         4" in out
+
+
+def test_unknown_env_is_one_line(capsys):
+    assert main(["run", "--env", "NoSuchEnv-v0", "--frames", "10"]) == EXIT_ERROR
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown env id 'NoSuchEnv-v0'" in err[0]
+
+
+def test_bad_worker_env_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--env", "CartPole-v1", "--worker-env", "NOEQUALS"])
+    assert info.value.code == 2
+    assert "expected KEY=VALUE" in capsys.readouterr().err
+
+
+def test_unreachable_scheduler_is_one_line(capsys):
+    code = main(["run", "--env", "CartPole-v1", "--scheduler", "tcp://127.0.0.1:9", "--no-progress"])
+    assert code == EXIT_ERROR
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Could not connect" in err[0]
+
+
+def test_console_script_main_job():
+    """The README's main job: a private LocalCluster, a progress bar, the dashboard link."""
+    exe = os.path.join(os.path.dirname(sys.executable), "daskcollect")
+    out = subprocess.run(
+        [exe, "run", "--env", "CartPole-v1", "--collectors", "2", "--frames", "4000"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "dashboard:   http://127.0.0.1:" in out.stdout
+    assert "frames/s" in out.stderr  # tqdm draws on stderr
+    assert "frames          4000" in out.stdout
+    assert "--help" not in out.stderr
+    help_out = subprocess.run([exe, "run", "--help"], capture_output=True, text=True, timeout=60)
+    assert "Examples:" in help_out.stdout and "--scheduler" in help_out.stdout
