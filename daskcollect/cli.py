@@ -61,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument("--env", required=True, help="a gymnasium env id, e.g. CartPole-v1")
-    run.add_argument("--collectors", type=_positive, default=None, help="collectors (default: one per worker/CPU)")
+    run.add_argument(
+        "--collectors", type=_positive, default=None, help="collectors (default: one per worker/CPU)"
+    )
     run.add_argument("--frames", type=_positive, default=20_000, help="total frames to collect")
     run.add_argument("--frames-per-batch", type=_positive, default=1000, help="frames per batch")
     run.add_argument("--sync", action="store_true", help="stack one share of every collector per batch")
@@ -69,7 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--scheduler", default=None, help="a scheduler address, e.g. tcp://127.0.0.1:8786")
     where.add_argument("--scheduler-file", default=None, help="a scheduler file")
     run.add_argument(
-        "--worker-env", type=_key_value, action="append", default=[], metavar="K=V",
+        "--worker-env",
+        type=_key_value,
+        action="append",
+        default=[],
+        metavar="K=V",
         help="an environment variable for the workers (repeatable)",
     )
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -82,7 +88,9 @@ def _check_env_id(env_id: str) -> None:
     try:
         gymnasium.spec(env_id)
     except Exception as exc:
-        raise ValueError(f"unknown env id {env_id!r} ({exc}). Use a gymnasium id such as CartPole-v1.") from None
+        raise ValueError(
+            f"unknown env id {env_id!r} ({exc}). Use a gymnasium id such as CartPole-v1."
+        ) from None
 
 
 def run(args: argparse.Namespace) -> int:
