@@ -282,7 +282,11 @@ class DaskCollector(BaseCollector):
             )
             self._plugin_name = f"daskcollect-{id(self):x}"
             client_.register_plugin(
-                WorkerSetup(self.cluster_options.worker_env, config.get("worker.torch-threads")),
+                WorkerSetup(
+                    self.cluster_options.worker_env,
+                    config.get("worker.torch-threads"),
+                    config.get("worker.trim-sys-path"),
+                ),
                 name=self._plugin_name,
             )
             addresses = wait_for_workers(client_, num_collectors, worker_resources, config.timeout("workers"))
@@ -423,23 +427,27 @@ class DaskCollector(BaseCollector):
     def _async_rollouts(self) -> Iterator[TensorDictBase]:
         pool = self._pool
         timeout = config.timeout("rollout")
-        busy = pool.busy_indices()  # calls left in flight by an earlier pass
-        remaining = self._remaining()
-        idle = [s for s in pool.slots if s.index not in busy]
-        if remaining is not None:
-            idle = idle[: max(remaining - len(busy), 0)]
-        self._refresh_weights(idle)
-        for slot in idle:
-            pool.submit_rollout(slot)
+        depth = max(int(config.get("async-depth")), 1)
+
+        def arm(slots: list[Slot], held: int) -> None:
+            # Keep `depth` calls queued on each collector (round robin), but no
+            # more calls in flight than the pass still needs.
+            for _ in range(depth):
+                for slot in slots:
+                    remaining = self._remaining()
+                    if remaining is not None and pool.num_inflight >= remaining - held:
+                        return
+                    if pool.inflight_count(slot) < depth:
+                        pool.submit_rollout(slot)
+
+        self._refresh_weights([s for s in pool.slots if not pool.inflight_count(s)])
+        arm(pool.slots, held=0)
         while pool.num_inflight:
             rollout = pool.next_rollout(timeout)
-            remaining = self._remaining()
-            # Re-arm at once, so the collector works while the driver trains,
-            # unless the calls in flight already cover the rest of the pass.
-            if remaining is None or pool.num_inflight < remaining - 1:
-                slot = pool.slots[rollout.index]
-                self._refresh_weights([slot])
-                pool.submit_rollout(slot)
+            # Re-arm before yielding, so the collector works while the driver trains.
+            slot = pool.slots[rollout.index]
+            self._refresh_weights([slot])
+            arm([slot], held=1)
             yield rollout.batch
 
     # --- weights ------------------------------------------------------------

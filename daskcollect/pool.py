@@ -175,9 +175,9 @@ class ActorPool:
     def num_inflight(self) -> int:
         return len(self._inflight)
 
-    def busy_indices(self) -> set[int]:
-        """Indices of the collectors with a rollout call in flight."""
-        return {f.slot.index for f in self._inflight.values()}
+    def inflight_count(self, slot: Slot) -> int:
+        """Rollout calls in flight on ``slot``."""
+        return sum(f.slot is slot for f in self._inflight.values())
 
     def next_rollout(self, timeout: float) -> Rollout:
         """Waits for the next finished rollout, in completion order.

@@ -8,7 +8,7 @@ import torch
 
 from daskcollect import DaskCollector
 from daskcollect.plugin import WorkerSetup
-from daskcollect.testing import make_env_reading_variable
+from daskcollect.testing import make_cartpole, make_env_reading_variable
 
 
 def read_env(name):
@@ -46,3 +46,30 @@ def test_plugin_setup_and_teardown_in_process():
     plugin.teardown(worker=None)
     assert os.environ[name] == "before"
     del os.environ[name]
+
+
+def test_foreign_scratch_dirs_are_trimmed_and_restored(client):
+    from daskcollect.plugin import foreign_scratch_dirs
+
+    paths = [
+        "/x/dask-scratch-space/worker-a",
+        "/x/dask-scratch-space",
+        "/x/dask-scratch-space/scheduler-b",
+        "/lib",
+    ]
+    assert foreign_scratch_dirs(paths, own="/x/dask-scratch-space/worker-a") == paths[1:3]
+
+    def scratch_entries():
+        import sys
+
+        return sorted(p for p in sys.path if "dask-scratch-space" in p)
+
+    before = client.run(scratch_entries)
+    assert any(len(entries) > 1 for entries in before.values())  # the inherited junk is there
+    with DaskCollector(make_cartpole, frames_per_batch=10, total_frames=20, client=client) as c:
+        during = client.run(scratch_entries)
+        assert len(list(c)) == 2
+    for address, entries in during.items():
+        own = client.run(lambda dask_worker: dask_worker.local_directory, workers=[address])[address]
+        assert all(p == own for p in entries)  # only the worker's own directory is left
+    assert client.run(scratch_entries) == before  # restored at shutdown
