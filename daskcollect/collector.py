@@ -286,6 +286,7 @@ class DaskCollector(BaseCollector):
                     self.cluster_options.worker_env,
                     config.get("worker.torch-threads"),
                     config.get("worker.trim-sys-path"),
+                    config.seconds("worker.tick-interval"),
                 ),
                 name=self._plugin_name,
             )

@@ -27,6 +27,12 @@ def get(key: str, default: Any = None) -> Any:
     return dask.config.get(f"daskcollect.{key}", default=default)
 
 
+def seconds(key: str) -> float | None:
+    """Reads a duration (``"1s"``, ``"20ms"``, a number of seconds) as seconds; ``None`` stays."""
+    value = get(key)
+    return None if value is None else parse_timedelta(value, default="s")
+
+
 def timeout(name: str) -> float:
     """Returns the timeout ``daskcollect.timeouts.<name>`` in seconds."""
-    return parse_timedelta(get(f"timeouts.{name}"), default="s")
+    return seconds(f"timeouts.{name}")

@@ -73,3 +73,13 @@ def test_foreign_scratch_dirs_are_trimmed_and_restored(client):
         own = client.run(lambda dask_worker: dask_worker.local_directory, workers=[address])[address]
         assert all(p == own for p in entries)  # only the worker's own directory is left
     assert client.run(scratch_entries) == before  # restored at shutdown
+
+
+def test_tick_interval_relaxed_while_registered_and_restored(client):
+    def tick_ms(dask_worker):
+        return dask_worker.periodic_callbacks["tick"].callback_time
+
+    before = client.run(tick_ms)
+    with DaskCollector(make_cartpole, frames_per_batch=10, total_frames=20, client=client):
+        assert set(client.run(tick_ms).values()) == {1000}
+    assert client.run(tick_ms) == before
