@@ -24,7 +24,9 @@ from daskcollect.errors import (
     PolicyFactoryError,
     PolicySerializationError,
     RolloutError,
+    SharedFilesystemError,
 )
+from daskcollect.memmap import MemmapBatch
 
 __version__ = "0.1.0"
 
@@ -36,11 +38,13 @@ __all__ = [
     "ConfigurationError",
     "DaskCollectError",
     "DaskCollector",
+    "MemmapBatch",
     "EndlessCollectionError",
     "EnvConstructionError",
     "NotEnoughWorkersError",
     "PolicyFactoryError",
     "PolicySerializationError",
     "RolloutError",
+    "SharedFilesystemError",
     "__version__",
 ]

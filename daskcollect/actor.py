@@ -19,8 +19,9 @@ import torch
 from distributed import Future, get_client, get_worker
 from tensordict import TensorDictBase
 
-from daskcollect import config
-from daskcollect.errors import RolloutError
+from daskcollect import config, serialization
+from daskcollect.errors import RolloutError, SharedFilesystemError
+from daskcollect.memmap import check_writable, write_batch
 from daskcollect.weights import WeightsPayload, WeightsRef
 
 #: Trajectory ids of collector ``uid`` live in ``[uid << TRAJ_ID_BITS, (uid + 1) << TRAJ_ID_BITS)``.
@@ -35,19 +36,26 @@ class ActorSpec:
         index: The collector's slot (0..num_collectors-1).
         uid: Unique id of this actor incarnation; it namespaces trajectory ids.
         track_policy_version: Write ``"policy_version"`` into each batch.
+        memmap_root: With ``output="memmap"``, the folder (on a shared
+            filesystem) where rollouts are written; ``None`` returns batches.
     """
 
     index: int
     uid: int
     track_policy_version: bool = False
+    memmap_root: str | None = None
 
 
+@serialization.register
 @dataclass(frozen=True)
 class Rollout:
     """One rollout's batch and where it came from.
 
     Attributes:
-        batch: The CPU TensorDict.
+        batch: The CPU TensorDict, or ``None`` when it was written to ``path``.
+        path: The memory-mapped folder of the batch (``output="memmap"``).
+        batch_size: The batch's shape.
+        frames: Frames in the batch.
         index: The collector's slot.
         uid: The actor incarnation that made it.
         rollout_id: The actor's rollout counter (0-based).
@@ -57,7 +65,10 @@ class Rollout:
             time spent waiting for the GIL or a core).
     """
 
-    batch: TensorDictBase
+    batch: TensorDictBase | None
+    path: str | None
+    batch_size: torch.Size
+    frames: int
     index: int
     uid: int
     rollout_id: int
@@ -82,6 +93,9 @@ class CollectorActor:
         self.where = f"collector {spec.index} on worker {self._worker.address}"
         self._track_version = spec.track_policy_version
         self._traj_offset = spec.uid << TRAJ_ID_BITS
+        self._memmap_root = spec.memmap_root
+        if self._memmap_root is not None:
+            check_writable(self._memmap_root, self.where)  # before any rollout
         self.policy_version = 0
         self.rollouts = 0
         self.frames = 0
@@ -134,8 +148,22 @@ class CollectorActor:
             batch.set(("collector", "traj_ids"), torch.where(ids >= 0, ids + self._traj_offset, ids))
         if self._track_version:
             batch.set("policy_version", torch.full(batch.shape, self.policy_version, dtype=torch.int64))
+        frames, batch_size, path = batch.numel(), batch.batch_size, None
+        if self._memmap_root is not None:
+            try:
+                path = write_batch(batch, self._memmap_root, f"c{self.uid}-r{self.rollouts}")
+            except OSError as exc:
+                raise SharedFilesystemError(
+                    f"{self.where}: writing rollout {self.rollouts} under {self._memmap_root!r} "
+                    f"failed ({exc}). Check the shared filesystem's free space and permissions.",
+                    path=self._memmap_root,
+                ) from None
+            batch = None
         out = Rollout(
             batch,
+            path,
+            batch_size,
+            frames,
             self.index,
             self.uid,
             self.rollouts,
@@ -144,7 +172,7 @@ class CollectorActor:
             time.thread_time() - cpu0,
         )
         self.rollouts += 1
-        self.frames += batch.numel()
+        self.frames += frames
         return out
 
     # --- state -------------------------------------------------------------

@@ -22,19 +22,21 @@ from typing import Any
 
 import torch
 from dask.system import CPU_COUNT
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from torchrl.collectors import BaseCollector, Collector, MultiAsyncCollector, MultiSyncCollector
 from torchrl.collectors._constants import DEFAULT_EXPLORATION_TYPE
 from torchrl.collectors.utils import split_trajectories
 
 from daskcollect import config
+from daskcollect.actor import Rollout
 from daskcollect.cluster import ClusterHandle, connect, eligible_workers, wait_for_workers
 from daskcollect.errors import (
     CollectorClosedError,
     ConfigurationError,
     EndlessCollectionError,
 )
-from daskcollect.options import BatchOptions, ClusterOptions, WeightOptions
+from daskcollect.memmap import MemmapBatch, MemmapLedger, describe_parts
+from daskcollect.options import BatchOptions, ClusterOptions, OutputOptions, WeightOptions
 from daskcollect.plugin import WorkerSetup
 from daskcollect.pool import ActorPool, Slot
 from daskcollect.recipe import CollectorRecipe
@@ -64,6 +66,23 @@ def _per_collector(value: Any, name: str, n: int) -> list:
             )
         return list(value)
     return [value] * n
+
+
+def _check_replay_buffer(replay_buffer: Any, memmap: bool) -> None:
+    if replay_buffer is None:
+        return
+    if not callable(getattr(replay_buffer, "extend", None)):
+        raise ConfigurationError(
+            f"replay_buffer must be a torchrl.data.ReplayBuffer (with .extend), got "
+            f"{type(replay_buffer).__name__}."
+        )
+    storage = getattr(replay_buffer, "_storage", None)
+    if memmap and type(storage).__name__ == "ListStorage":
+        raise ConfigurationError(
+            "A ListStorage keeps references to the memory-mapped batches, whose files are deleted "
+            "once the buffer is extended. Use LazyTensorStorage or LazyMemmapStorage with "
+            "output='memmap'."
+        )
 
 
 def _resolve_collector_class(collector_class: Any) -> type:
@@ -188,6 +207,10 @@ class DaskCollector(BaseCollector):
         pre_collect_hook: Callable | None = None,
         post_collect_hook: Callable | None = None,
         replay_buffer: Any = None,
+        output: str = "tensordict",
+        memmap_dir: str | None = None,
+        memmap_retention: str | int = "release",
+        max_unreleased: int | None = None,
         **ray_only: Any,
     ):
         super().__init__()
@@ -195,6 +218,7 @@ class DaskCollector(BaseCollector):
         self._handle: ClusterHandle | None = None
         self._pool: ActorPool | None = None
         self._plugin_name: str | None = None
+        self._ledger: MemmapLedger | None = None
 
         unknown = set(ray_only) - set(_RAY_ONLY)
         if unknown:
@@ -210,6 +234,17 @@ class DaskCollector(BaseCollector):
         self.cluster_options = ClusterOptions(
             client, scheduler_file, worker_env or {}, worker_resources, security
         )
+        if max_unreleased is None:
+            max_unreleased = int(config.get("memmap.max-unreleased"))
+        self.output_options = OutputOptions(
+            output, memmap_dir, memmap_retention, max_unreleased, replay_buffer
+        )
+        if self.output_options.memmap and (postproc is not None or split_trajs):
+            raise ConfigurationError(
+                "postproc and split_trajs need the data on the driver; with output='memmap' apply "
+                "them to batch.load() yourself."
+            )
+        _check_replay_buffer(replay_buffer, self.output_options.memmap)
         collector_class = _resolve_collector_class(collector_class)
         if not isinstance(num_workers_per_collector, int) or num_workers_per_collector < 1:
             raise ConfigurationError(
@@ -254,6 +289,11 @@ class DaskCollector(BaseCollector):
                 wait_for_workers(client_, 1, worker_resources, config.timeout("workers"))
                 num_collectors = len(eligible_workers(client_, worker_resources))
             self.num_collectors = num_collectors
+            if self.output_options.memmap and sync and max_unreleased < num_collectors:
+                raise ConfigurationError(
+                    f"max_unreleased={max_unreleased} is below num_collectors={num_collectors}: a sync "
+                    "batch holds one rollout folder per collector. Raise max_unreleased."
+                )
             recipes = self._recipes(
                 create_env_fn,
                 policy,
@@ -291,7 +331,16 @@ class DaskCollector(BaseCollector):
                 name=self._plugin_name,
             )
             addresses = wait_for_workers(client_, num_collectors, worker_resources, config.timeout("workers"))
-            self._pool = ActorPool(client_, self.weight_options.track_policy_version)
+            if self.output_options.memmap:
+                options = self.output_options
+                self._ledger = MemmapLedger(
+                    options.memmap_dir, options.memmap_retention, options.max_unreleased
+                )
+            self._pool = ActorPool(
+                client_,
+                self.weight_options.track_policy_version,
+                self._ledger.root if self._ledger else None,
+            )
             self._pool.start(recipes, addresses[:num_collectors])
             if seed is not None:
                 self.set_seed(seed)
@@ -393,63 +442,97 @@ class DaskCollector(BaseCollector):
                 "This DaskCollector was shut down. Build a new DaskCollector to collect again."
             )
 
-    def iterator(self) -> Iterator[TensorDictBase | None]:
+    def iterator(self) -> Iterator[TensorDictBase | MemmapBatch | None]:
         self._check_open()
         self._pass_batches = 0
         source = self._sync_rollouts() if self.batch_options.sync else self._async_rollouts()
-        for batch in source:
+        for rollouts in source:
             self._iter += 1
             self._pass_batches += 1
-            self._frames += batch.numel()
-            if self.split_trajs:
-                batch = split_trajectories(batch)
-            if self.postproc is not None:
-                batch = self.postproc(batch)
-            if self.replay_buffer is not None:
-                self.replay_buffer.extend(batch.reshape(-1) if batch.ndim > 1 else batch)
-                yield None
-            else:
-                yield batch
+            self._frames += sum(r.frames for r in rollouts)
+            yield self._emit(rollouts)
+
+    def _emit(self, rollouts: list[Rollout]) -> TensorDictBase | MemmapBatch | None:
+        """Turns one batch's rollouts (in collector order) into what the iterator yields."""
+        sync, rb = self.batch_options.sync, self.replay_buffer
+        if self._ledger is not None:
+            shape = rollouts[0].batch_size
+            handle = self._ledger.track(
+                MemmapBatch(
+                    batch_size=torch.Size([len(rollouts), *shape]) if sync else shape,
+                    **describe_parts(rollouts),
+                )  # fmt: skip
+            )
+            if rb is None:
+                return handle
+            for path in handle.paths:  # extend from the memory map: no copy into RAM first
+                rb.extend(TensorDict.load_memmap(path))
+            handle.release()
+            return None
+        batch = torch.stack([r.batch for r in rollouts], 0) if sync else rollouts[0].batch
+        if self.split_trajs:
+            batch = split_trajectories(batch)
+        if self.postproc is not None:
+            batch = self.postproc(batch)
+        if rb is not None:
+            rb.extend(batch.reshape(-1) if batch.ndim > 1 else batch)
+            return None
+        return batch
 
     def _remaining(self) -> int | None:
         n = self.batch_options.num_batches
         return None if n is None else n - self._pass_batches
 
-    def _sync_rollouts(self) -> Iterator[TensorDictBase]:
+    def _wait_for_room(self, needed: int) -> None:
+        """Back-pressure of memmap output: no rollout starts beyond ``max_unreleased``."""
+        if self._ledger is not None:
+            self._ledger.wait_for_room(needed, self._pool.num_inflight, config.timeout("rollout"))
+
+    def _sync_rollouts(self) -> Iterator[list[Rollout]]:
         pool = self._pool
         timeout = config.timeout("rollout")
         while self._remaining() is None or self._remaining() > 0:
             self._refresh_weights(pool.slots)
+            self._wait_for_room(len(pool.slots))
             for slot in pool.slots:
                 pool.submit_rollout(slot)
-            rollouts = sorted((pool.next_rollout(timeout) for _ in pool.slots), key=lambda r: r.index)
-            yield torch.stack([r.batch for r in rollouts], 0)
+            yield sorted((pool.next_rollout(timeout) for _ in pool.slots), key=lambda r: r.index)
 
-    def _async_rollouts(self) -> Iterator[TensorDictBase]:
+    def _async_rollouts(self) -> Iterator[list[Rollout]]:
         pool = self._pool
         timeout = config.timeout("rollout")
         depth = max(int(config.get("async-depth")), 1)
+        ledger = self._ledger
 
         def arm(slots: list[Slot], held: int) -> None:
             # Keep `depth` calls queued on each collector (round robin), but no
-            # more calls in flight than the pass still needs.
+            # more calls in flight than the pass still needs, nor than memmap
+            # back-pressure allows.
             for _ in range(depth):
                 for slot in slots:
                     remaining = self._remaining()
                     if remaining is not None and pool.num_inflight >= remaining - held:
                         return
+                    if ledger is not None and ledger.room(pool.num_inflight + held) <= 0:
+                        return
                     if pool.inflight_count(slot) < depth:
                         pool.submit_rollout(slot)
 
         self._refresh_weights([s for s in pool.slots if not pool.inflight_count(s)])
-        arm(pool.slots, held=0)
-        while pool.num_inflight:
+        while True:
+            arm(pool.slots, held=0)
+            remaining = self._remaining()
+            if remaining is not None and remaining <= 0:
+                return
+            if not pool.num_inflight:
+                self._wait_for_room(1)  # every rollout is held by the caller: wait for releases
+                continue
             rollout = pool.next_rollout(timeout)
             # Re-arm before yielding, so the collector works while the driver trains.
             slot = pool.slots[rollout.index]
             self._refresh_weights([slot])
             arm([slot], held=1)
-            yield rollout.batch
+            yield [rollout]
 
     # --- weights ------------------------------------------------------------
     def _refresh_weights(self, slots: list[Slot]) -> None:
@@ -588,6 +671,8 @@ class DaskCollector(BaseCollector):
         timeout = config.timeout("shutdown") if timeout is None else timeout
         if self._pool is not None:
             self._pool.close(timeout)
+        if self._ledger is not None:
+            self._ledger.close()
         if self._handle is not None:
             if self._plugin_name is not None and self._handle.cluster is None:
                 try:

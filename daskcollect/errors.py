@@ -49,6 +49,10 @@ class ClusterConnectionError(DaskCollectError, ConnectionError):
     """The Dask scheduler cannot be reached."""
 
 
+class SharedFilesystemError(DaskCollectError, OSError):
+    """``memmap_dir`` is missing or not writable on the driver or a worker."""
+
+
 class NotEnoughWorkersError(DaskCollectError, TimeoutError):
     """Too few eligible workers joined the cluster in time."""
 

@@ -132,3 +132,49 @@ class ClusterOptions:
             raise ConfigurationError(
                 f'worker_resources must map str to a number, got {res!r}, e.g. worker_resources={{"GPU": 1}}.'
             )
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """What the iterator yields: TensorDicts, memmap handles, or ``None`` with a replay buffer.
+
+    Attributes:
+        output: ``"tensordict"`` (batches travel through Dask) or ``"memmap"``
+            (workers write to ``memmap_dir``; :class:`~daskcollect.MemmapBatch`
+            handles travel).
+        memmap_dir: A folder that the driver and every worker can see.
+        memmap_retention: ``"release"`` (delete on ``handle.release()``),
+            ``"keep"`` (never delete, not even at shutdown), or an int ``K``
+            (keep the last ``K`` yielded batches).
+        max_unreleased: Bound on rollout folders on disk not yet released; no
+            new rollout starts while it is reached.
+        replay_buffer: A TorchRL ``ReplayBuffer`` extended with each batch.
+    """
+
+    output: str = "tensordict"
+    memmap_dir: str | None = None
+    memmap_retention: str | int = "release"
+    max_unreleased: int = 16
+    replay_buffer: Any = None
+
+    def __post_init__(self):
+        if self.output not in ("tensordict", "memmap"):
+            raise ConfigurationError(f"output must be 'tensordict' or 'memmap', got {self.output!r}.")
+        if self.memmap:
+            if not self.memmap_dir:
+                raise ConfigurationError(
+                    "output='memmap' needs memmap_dir=, a folder that the driver and every worker "
+                    "can see (a shared filesystem)."
+                )
+            object.__setattr__(self, "memmap_dir", str(self.memmap_dir))
+        retention = self.memmap_retention
+        if not (retention in ("release", "keep") or (isinstance(retention, int) and retention >= 1)):
+            raise ConfigurationError(
+                f"memmap_retention must be 'release', 'keep' or an int >= 1, got {retention!r}."
+            )
+        if not isinstance(self.max_unreleased, int) or self.max_unreleased < 1:
+            raise ConfigurationError(f"max_unreleased must be an int >= 1, got {self.max_unreleased!r}.")
+
+    @property
+    def memmap(self) -> bool:
+        return self.output == "memmap"

@@ -62,6 +62,8 @@ class WorkerSetup(WorkerPlugin):
         self._tick_ms: float | None = None
 
     def setup(self, worker):
+        import daskcollect.serialization  # noqa: F401  (registers the TensorDict serializer)
+
         self._saved = {k: os.environ.get(k) for k in self.env}
         os.environ.update(self.env)
         if self.torch_threads is not None:

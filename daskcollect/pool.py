@@ -19,7 +19,7 @@ from distributed.actor import Actor, BaseActorFuture
 
 from daskcollect import config
 from daskcollect.actor import ActorSpec, CollectorActor, Rollout
-from daskcollect.errors import CollectorBuildError, CollectorTimeoutError, RolloutError
+from daskcollect.errors import CollectorBuildError, CollectorTimeoutError, DaskCollectError, RolloutError
 from daskcollect.weights import WeightsPayload, WeightsRef
 
 
@@ -63,11 +63,13 @@ class ActorPool:
     Args:
         client: Our ``Client(direct_to_workers=True)``.
         track_policy_version: Passed to every actor.
+        memmap_root: Where actors write their rollouts (``output="memmap"``).
     """
 
-    def __init__(self, client: Client, track_policy_version: bool = False):
+    def __init__(self, client: Client, track_policy_version: bool = False, memmap_root: str | None = None):
         self.client = client
         self.track_policy_version = track_policy_version
+        self.memmap_root = memmap_root
         self.slots: list[Slot] = []
         self._uids = itertools.count()
         self._token = uuid.uuid4().hex[:8]
@@ -93,7 +95,7 @@ class ActorPool:
         futures = []
         for index, (recipe, address) in enumerate(zip(recipes, addresses)):
             uid = next(self._uids)
-            spec = ActorSpec(index, uid, self.track_policy_version)
+            spec = ActorSpec(index, uid, self.track_policy_version, self.memmap_root)
             futures.append(
                 self.client.submit(
                     CollectorActor,
@@ -124,8 +126,8 @@ class ActorPool:
             for future in futures:
                 if future.status == "error":
                     exc = future.exception()
-                    if isinstance(exc, CollectorBuildError):
-                        raise exc
+                    if isinstance(exc, DaskCollectError):
+                        raise exc  # ours, raised on the worker: it names the cause already
                     raise CollectorBuildError(
                         f"A collector could not be started on {addresses[futures.index(future)]}: "
                         f"{type(exc).__name__}: {exc}. Check that daskcollect, torch and torchrl "

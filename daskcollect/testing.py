@@ -9,8 +9,11 @@ from __future__ import annotations
 import os
 
 import torch
+from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 from torch import nn
+from torchrl.data import Bounded, Categorical, Composite, Unbounded
+from torchrl.envs import EnvBase
 
 
 def make_cartpole():
@@ -90,3 +93,40 @@ def make_env_failing_after(steps: int = 50):
 
     env._step = _step
     return env
+
+
+class PixelEnv(EnvBase):
+    """Random ``size x size x 3`` uint8 frames; episodes end after ``max_steps`` steps."""
+
+    def __init__(self, size: int = 84, max_steps: int = 50):
+        super().__init__(batch_size=torch.Size([]))
+        self.size, self.max_steps, self._t = size, max_steps, 0
+        self._rng = torch.Generator().manual_seed(0)
+        self.observation_spec = Composite(
+            pixels=Bounded(0, 255, shape=(size, size, 3), dtype=torch.uint8), shape=()
+        )
+        self.action_spec = Categorical(2, shape=())
+        self.reward_spec = Unbounded(shape=(1,))
+
+    def _frame(self) -> torch.Tensor:
+        return torch.randint(0, 256, (self.size, self.size, 3), dtype=torch.uint8, generator=self._rng)
+
+    def _reset(self, tensordict=None):
+        self._t = 0
+        done = torch.zeros(1, dtype=torch.bool)
+        return TensorDict({"pixels": self._frame(), "done": done, "terminated": done.clone()}, [])
+
+    def _step(self, tensordict):
+        self._t += 1
+        done = torch.tensor([self._t >= self.max_steps])
+        return TensorDict(
+            {"pixels": self._frame(), "reward": torch.ones(1), "done": done, "terminated": done.clone()}, []
+        )
+
+    def _set_seed(self, seed: int | None):
+        self._rng.manual_seed(int(seed or 0))
+
+
+def make_pixel_env(size: int = 84, max_steps: int = 50) -> PixelEnv:
+    """A TorchRL env with ``size x size x 3`` uint8 pixel observations (no gym needed)."""
+    return PixelEnv(size=size, max_steps=max_steps)

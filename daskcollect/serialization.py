@@ -1,0 +1,86 @@
+"""A Dask serializer for TensorDicts: tensor data travels as out-of-band frames.
+
+Dask has no serializer for TensorDicts, so by default it pickles them and every
+tensor's bytes are copied into the pickle stream. Here the TensorDict's
+structure (keys, batch size, names, device, non-tensor data, lazy stacks) is
+still pickled, but each CPU tensor is reduced to a ``uint8`` NumPy view, which
+pickle protocol 5 hands out as a separate buffer: Dask sends those buffers as
+frames that reference the tensors' memory. On the receiving side the tensors
+are rebuilt over the received frames, without another copy.
+
+Importing this module registers the serializer; the worker plugin imports it
+on every worker.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any
+
+import numpy as np
+import torch
+from distributed.protocol.serialize import dask_deserialize, dask_serialize
+from tensordict import TensorDictBase
+
+
+def _rebuild_tensor(data: Any, dtype: torch.dtype, shape: tuple, requires_grad: bool) -> torch.Tensor:
+    array = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
+    if not array.flags.writeable:
+        array = array.copy()  # torch tensors must own writable memory
+    tensor = torch.from_numpy(array).view(dtype).reshape(shape)
+    if requires_grad:
+        tensor.requires_grad_()
+    return tensor
+
+
+class _OutOfBandPickler(pickle.Pickler):
+    """Pickles plain CPU tensors as out-of-band byte buffers."""
+
+    def reducer_override(self, obj):
+        if type(obj) is torch.Tensor and obj.device.type == "cpu" and obj.layout == torch.strided:
+            flat = obj.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+            return _rebuild_tensor, (flat, obj.dtype, tuple(obj.shape), obj.requires_grad)
+        return NotImplemented
+
+
+def dumps(obj: Any) -> list:
+    """Pickles ``obj`` with its tensors as out-of-band buffers.
+
+    Returns:
+        ``[pickle_bytes, buffer, ...]``: the buffers reference the tensors' memory.
+    """
+    buffers: list[pickle.PickleBuffer] = []
+    stream = io.BytesIO()
+    _OutOfBandPickler(stream, protocol=5, buffer_callback=buffers.append).dump(obj)
+    return [stream.getvalue(), *(b.raw() for b in buffers)]
+
+
+def loads(frames: list) -> Any:
+    """Inverse of :func:`dumps`; tensors view the given frames."""
+    return pickle.loads(frames[0], buffers=frames[1:])
+
+
+def _serialize(obj: Any) -> tuple[dict, list]:
+    if isinstance(obj, TensorDictBase) and obj.device is not None and obj.device.type != "cpu":
+        obj = obj.to("cpu")  # CUDA tensors do not serialize
+    frames = dumps(obj)
+    return {"nbuffers": len(frames) - 1}, frames
+
+
+def _deserialize(header: dict, frames: list) -> Any:
+    return loads(frames)
+
+
+def register(cls: type) -> type:
+    """Makes Dask serialize ``cls`` (and its subclasses) with :func:`dumps`.
+
+    Usable as a class decorator, for containers of TensorDicts such as
+    :class:`~daskcollect.actor.Rollout`.
+    """
+    dask_serialize.register(cls)(_serialize)
+    dask_deserialize.register(cls)(_deserialize)
+    return cls
+
+
+register(TensorDictBase)
