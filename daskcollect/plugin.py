@@ -21,7 +21,7 @@ def foreign_scratch_dirs(paths: list[str], own: str | None) -> list[str]:
     holds the scheduler's scratch directory and the scratch root. They serve no
     purpose on the worker, and each entry costs a ``stat`` on every failed
     module lookup: tensordict looks ``pandas`` up on each policy call, so three
-    such entries cost about 5% of CartPole throughput (docs/performance.md).
+    such entries cost about 5% of CartPole throughput (docs/benchmarks.md).
     """
     out = []
     for path in paths:
