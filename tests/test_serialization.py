@@ -44,8 +44,12 @@ def assert_same(a, b) -> None:
 
 @pytest.mark.parametrize(
     "make",
-    [nested_td, lambda: LazyStackedTensorDict(*[nested_td(), nested_td()], stack_dim=0)],
-    ids=["nested", "lazy-stack"],
+    [
+        nested_td,
+        lambda: nested_td().to("cpu"),  # device="cpu" is kept
+        lambda: LazyStackedTensorDict(*[nested_td(), nested_td()], stack_dim=0),
+    ],
+    ids=["nested", "on-cpu", "lazy-stack"],
 )
 def test_roundtrip_through_dask_protocol(make):
     td = make()
