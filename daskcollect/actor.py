@@ -38,12 +38,17 @@ class ActorSpec:
         track_policy_version: Write ``"policy_version"`` into each batch.
         memmap_root: With ``output="memmap"``, the folder (on a shared
             filesystem) where rollouts are written; ``None`` returns batches.
+        restart_env_on_error: Rebuild the collector when a rollout raises
+            (``on_env_error="restart"``) instead of raising.
+        seed: Seed the envs with it once built (replacement collectors).
     """
 
     index: int
     uid: int
     track_policy_version: bool = False
     memmap_root: str | None = None
+    restart_env_on_error: bool = False
+    seed: int | None = None
 
 
 @serialization.register
@@ -63,6 +68,8 @@ class Rollout:
         seconds: Wall time of the rollout on the worker.
         cpu_seconds: CPU time of the rollout thread (``seconds`` minus this is
             time spent waiting for the GIL or a core).
+        error: With ``on_env_error="restart"``: the error that ended this
+            rollout (its frames are dropped whole, and the collector was rebuilt).
     """
 
     batch: TensorDictBase | None
@@ -75,6 +82,7 @@ class Rollout:
     policy_version: int
     seconds: float
     cpu_seconds: float
+    error: str | None = None
 
 
 class CollectorActor:
@@ -99,8 +107,14 @@ class CollectorActor:
         self.policy_version = 0
         self.rollouts = 0
         self.frames = 0
-        self._collector = cloudpickle.loads(recipe).build(self.where)
-        self._iterator = iter(self._collector)
+        self.env_restarts = 0
+        self._restart_on_error = spec.restart_env_on_error
+        self._recipe = cloudpickle.loads(recipe)
+        self._weights: TensorDictBase | None = None  # the last weights loaded, kept for rebuilds
+        self._build()
+        if spec.seed is not None:
+            self.set_seed(spec.seed)
+            self._collector.reset()
         if config.get("worker.gc-freeze"):
             # Move the long-lived heap (Dask, torch, the envs) out of the
             # collector's way: full collections then scan only rollout garbage.
@@ -117,8 +131,28 @@ class CollectorActor:
 
     def _load(self, ref: WeightsRef) -> None:
         payload = self._fetch(ref)
-        self._collector.update_policy_weights_(payload.to_tensordict())
+        weights = payload.to_tensordict()
+        self._collector.update_policy_weights_(weights)
         self.policy_version = ref.version
+        if self._restart_on_error:
+            self._weights = weights.clone()  # the payload's memory belongs to Dask
+
+    def _build(self) -> None:
+        self._collector = self._recipe.build(self.where)
+        self._iterator = iter(self._collector)
+        if self._weights is not None:
+            self._collector.update_policy_weights_(self._weights)
+
+    def _rebuild_after(self, exc: BaseException) -> str:
+        """Drops the broken collector and builds a fresh one (``on_env_error="restart"``)."""
+        error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+        try:
+            self._collector.shutdown()
+        except Exception:  # it is broken already: only its replacement matters
+            pass
+        self._build()
+        self.env_restarts += 1
+        return error
 
     # --- rollouts ----------------------------------------------------------
     def rollout(self, weights: WeightsRef | None = None) -> Rollout:
@@ -135,6 +169,14 @@ class CollectorActor:
                 self._load(weights)
             batch = next(self._iterator)
         except Exception as exc:
+            if self._restart_on_error:
+                error = self._rebuild_after(exc)
+                out = Rollout(
+                    None, None, torch.Size([]), 0, self.index, self.uid, self.rollouts,
+                    self.policy_version, time.perf_counter() - start, time.thread_time() - cpu0, error,
+                )  # fmt: skip
+                self.rollouts += 1
+                return out
             raise RolloutError(
                 f"{self.where}: rollout {self.rollouts} failed with {type(exc).__name__}: "
                 f"{exc}\n\nOriginal traceback (on the worker):\n{traceback.format_exc()}",
@@ -146,6 +188,10 @@ class CollectorActor:
         ids = batch.get(("collector", "traj_ids"), None)
         if ids is not None and self._traj_offset:
             batch.set(("collector", "traj_ids"), torch.where(ids >= 0, ids + self._traj_offset, ids))
+        # Each frame names the actor incarnation and rollout that made it: a
+        # (collector_id, rollout_id) pair is never yielded twice.
+        batch.set(("collector", "collector_id"), torch.full(batch.shape, self.uid, dtype=torch.int64))
+        batch.set(("collector", "rollout_id"), torch.full(batch.shape, self.rollouts, dtype=torch.int64))
         if self._track_version:
             batch.set("policy_version", torch.full(batch.shape, self.policy_version, dtype=torch.int64))
         frames, batch_size, path = batch.numel(), batch.batch_size, None
@@ -205,6 +251,7 @@ class CollectorActor:
             "rollouts": self.rollouts,
             "frames": self.frames,
             "policy_version": self.policy_version,
+            "env_restarts": self.env_restarts,
         }
 
     def close(self) -> None:

@@ -159,3 +159,23 @@ def wait_for_workers(
                 found=len(found),
             )
         time.sleep(0.1)
+
+
+def live_workers(client: Client) -> set[str]:
+    """The addresses of the workers the scheduler knows now (one bounded RPC).
+
+    Raises:
+        ClusterConnectionError: If the scheduler does not answer within
+            ``daskcollect.timeouts.connect``.
+    """
+    timeout = config.timeout("connect")
+    try:
+        info = client.sync(client.scheduler.identity, n_workers=-1, callback_timeout=timeout)
+    except Exception as exc:
+        raise ClusterConnectionError(
+            f"Lost the scheduler at {client.scheduler.address}: it did not answer within {timeout:g}s "
+            f"({type(exc).__name__}: {exc}). Restart the scheduler and the collection; the workers' "
+            "collectors cannot be reached without it.",
+            address=client.scheduler.address,
+        ) from exc
+    return set(info["workers"])

@@ -14,7 +14,9 @@ from Dask's ``as_completed``:
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -28,17 +30,18 @@ from torchrl.collectors._constants import DEFAULT_EXPLORATION_TYPE
 from torchrl.collectors.utils import split_trajectories
 
 from daskcollect import config
-from daskcollect.actor import Rollout
-from daskcollect.cluster import ClusterHandle, connect, eligible_workers, wait_for_workers
+from daskcollect.actor import ActorSpec, Rollout
+from daskcollect.cluster import ClusterHandle, connect, eligible_workers, live_workers, wait_for_workers
 from daskcollect.errors import (
     CollectorClosedError,
+    CollectorLostError,
     ConfigurationError,
     EndlessCollectionError,
 )
 from daskcollect.memmap import MemmapBatch, MemmapLedger, describe_parts
-from daskcollect.options import BatchOptions, ClusterOptions, OutputOptions, WeightOptions
+from daskcollect.options import BatchOptions, ClusterOptions, FaultOptions, OutputOptions, WeightOptions
 from daskcollect.plugin import WorkerSetup
-from daskcollect.pool import ActorPool, Slot
+from daskcollect.pool import ActorPool, CollectorLost, Slot
 from daskcollect.recipe import CollectorRecipe
 from daskcollect.weights import WeightsPayload, extract_weights
 
@@ -211,6 +214,8 @@ class DaskCollector(BaseCollector):
         memmap_dir: str | None = None,
         memmap_retention: str | int = "release",
         max_unreleased: int | None = None,
+        max_collector_restarts: int | None = None,
+        on_env_error: str = "raise",
         **ray_only: Any,
     ):
         super().__init__()
@@ -245,6 +250,9 @@ class DaskCollector(BaseCollector):
                 "them to batch.load() yourself."
             )
         _check_replay_buffer(replay_buffer, self.output_options.memmap)
+        if max_collector_restarts is None:
+            max_collector_restarts = int(config.get("max-collector-restarts"))
+        self.fault_options = FaultOptions(max_collector_restarts, on_env_error)
         collector_class = _resolve_collector_class(collector_class)
         if not isinstance(num_workers_per_collector, int) or num_workers_per_collector < 1:
             raise ConfigurationError(
@@ -278,6 +286,9 @@ class DaskCollector(BaseCollector):
         self._iter = -1
         self._policy_version = 0
         self._pass_batches = 0
+        self._seed: int | None = None
+        self._counters = {"frames_lost": 0, "rollouts_lost": 0, "restarts": 0, "env_restarts": 0}
+        self._last_loss: str | None = None
 
         if num_collectors is None and client is None and scheduler_file is None:
             num_collectors = CPU_COUNT
@@ -336,11 +347,14 @@ class DaskCollector(BaseCollector):
                 self._ledger = MemmapLedger(
                     options.memmap_dir, options.memmap_retention, options.max_unreleased
                 )
-            self._pool = ActorPool(
-                client_,
+            spec = ActorSpec(
+                0,
+                0,
                 self.weight_options.track_policy_version,
                 self._ledger.root if self._ledger else None,
+                self.fault_options.on_env_error == "restart",
             )
+            self._pool = ActorPool(client_, spec, worker_resources)
             self._pool.start(recipes, addresses[:num_collectors])
             if seed is not None:
                 self.set_seed(seed)
@@ -496,7 +510,19 @@ class DaskCollector(BaseCollector):
             self._wait_for_room(len(pool.slots))
             for slot in pool.slots:
                 pool.submit_rollout(slot)
-            yield sorted((pool.next_rollout(timeout) for _ in pool.slots), key=lambda r: r.index)
+            results: dict[int, Rollout] = {}
+            while len(results) < len(pool.slots):
+                try:
+                    rollout = pool.next_rollout(timeout)
+                except CollectorLost as lost:
+                    # Keep the batch shape: the replacement re-collects the lost share.
+                    pool.submit_rollout(self._recover(lost))
+                    continue
+                if self._env_failed(rollout):
+                    pool.submit_rollout(pool.slots[rollout.index])
+                    continue
+                results[rollout.index] = rollout
+            yield [results[i] for i in sorted(results)]
 
     def _async_rollouts(self) -> Iterator[list[Rollout]]:
         pool = self._pool
@@ -527,12 +553,92 @@ class DaskCollector(BaseCollector):
             if not pool.num_inflight:
                 self._wait_for_room(1)  # every rollout is held by the caller: wait for releases
                 continue
-            rollout = pool.next_rollout(timeout)
+            try:
+                rollout = pool.next_rollout(timeout)
+            except CollectorLost as lost:
+                self._recover(lost)  # the loop re-arms the replacement
+                continue
+            if self._env_failed(rollout):
+                continue
             # Re-arm before yielding, so the collector works while the driver trains.
             slot = pool.slots[rollout.index]
             self._refresh_weights([slot])
             arm([slot], held=1)
             yield [rollout]
+
+    # --- failures -----------------------------------------------------------
+    def _env_failed(self, rollout: Rollout) -> bool:
+        """Counts a rollout that ended in an env error under ``on_env_error="restart"``."""
+        if rollout.error is None:
+            return False
+        self._counters["env_restarts"] += 1
+        self._counters["rollouts_lost"] += 1
+        self._counters["frames_lost"] += self.batch_options.frames_per_collector(self.num_collectors)
+        self._last_loss = f"collector {rollout.index}: env error, collector rebuilt:\n{rollout.error}"
+        logger.warning("collector %d: env error, rebuilt the collector", rollout.index)
+        self._check_restart_budget()
+        return True
+
+    def _check_restart_budget(self) -> None:
+        used = self._counters["restarts"] + self._counters["env_restarts"]
+        limit = self.fault_options.max_collector_restarts
+        if used > limit:
+            raise CollectorLostError(
+                f"Collectors were restarted {used} times, more than max_collector_restarts={limit} "
+                f"({self._counters['restarts']} lost workers or stuck rollouts, "
+                f"{self._counters['env_restarts']} env errors). Last failure: {self._last_loss}. "
+                "Fix the cause, or raise max_collector_restarts.",
+                restarts=self._counters["restarts"],
+                env_restarts=self._counters["env_restarts"],
+            )
+
+    def _recover(self, lost: CollectorLost) -> Slot:
+        """Drops a lost collector's calls whole and starts a replacement with the latest weights."""
+        pool, slot = self._pool, lost.slot
+        live_workers(self.client)  # a lost scheduler is a ClusterConnectionError, not a restart
+        dropped = pool.abandon(slot) + lost.calls
+        self._counters["rollouts_lost"] += dropped
+        self._counters["frames_lost"] += dropped * self.batch_options.frames_per_collector(
+            self.num_collectors
+        )
+        self._counters["restarts"] += 1
+        self._last_loss = f"collector {slot.index} on {slot.address}: {lost.cause}"
+        logger.warning("collector %d lost (%s); starting a replacement", slot.index, lost.cause)
+        self._check_restart_budget()
+        if lost.hung:
+            # A stuck actor thread blocks every later actor call on that worker: restart it.
+            with contextlib.suppress(Exception):
+                self.client.restart_workers([slot.address], timeout=config.timeout("shutdown"))
+        time.sleep(config.seconds("restart-delay"))
+        seed = None if self._seed is None else self._seed + 7919 * (self._counters["restarts"])
+        return pool.replace(slot, seed=seed)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for monitoring: TorchRL's, plus losses, restarts and per-collector rates.
+
+        Returns:
+            ``frames``, ``batches``, (``total_frames``, ``completed``), ``policy_version``,
+            ``frames_lost`` (frames of rollouts dropped whole), ``rollouts_lost``,
+            ``restarts`` (collectors replaced after a lost worker or a stuck
+            rollout), ``env_restarts`` (``on_env_error="restart"`` rebuilds),
+            ``live_collectors``, and ``collectors``: per collector, its worker,
+            incarnation, frames and frames/s (frames over rollout time).
+        """
+        out: dict[str, Any] = dict(super().stats())
+        out.update(self._counters)
+        slots = self._pool.slots if self._pool else []
+        out["live_collectors"] = len(slots)
+        out["collectors"] = [
+            {
+                "index": s.index,
+                "worker": s.address,
+                "collector_id": s.uid,
+                "frames": s.frames,
+                "fps": s.frames / s.seconds if s.seconds else 0.0,
+            }
+            for s in slots
+        ]
+        return out
 
     # --- weights ------------------------------------------------------------
     def _refresh_weights(self, slots: list[Slot]) -> None:
@@ -621,6 +727,7 @@ class DaskCollector(BaseCollector):
             The seed returned by the last collector.
         """
         self._check_open()
+        self._seed = seed
         if self._pool.num_inflight:
             self._pool.drain(config.timeout("rollout"))  # no rollout may straddle the reseed
         for slot in self._pool.slots:

@@ -73,6 +73,10 @@ class RolloutError(DaskCollectError, RuntimeError):
     """A rollout raised on a worker (env step, policy forward...)."""
 
 
+class CollectorLostError(DaskCollectError, RuntimeError):
+    """Collectors failed more often than ``max_collector_restarts`` allows."""
+
+
 class CollectorTimeoutError(DaskCollectError, TimeoutError):
     """A call to the workers did not finish within its configured timeout."""
 

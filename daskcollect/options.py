@@ -178,3 +178,27 @@ class OutputOptions:
     @property
     def memmap(self) -> bool:
         return self.output == "memmap"
+
+
+@dataclass(frozen=True)
+class FaultOptions:
+    """What happens when a collector fails.
+
+    Attributes:
+        max_collector_restarts: Total replacements (lost workers, stuck
+            rollouts, env rebuilds) before :class:`~daskcollect.CollectorLostError`.
+        on_env_error: ``"raise"`` (a :class:`~daskcollect.RolloutError` on the
+            driver) or ``"restart"`` (rebuild that collector, drop the
+            rollout, count it, go on).
+    """
+
+    max_collector_restarts: int = 100
+    on_env_error: str = "raise"
+
+    def __post_init__(self):
+        if not isinstance(self.max_collector_restarts, int) or self.max_collector_restarts < 0:
+            raise ConfigurationError(
+                f"max_collector_restarts must be an int >= 0, got {self.max_collector_restarts!r}."
+            )
+        if self.on_env_error not in ("raise", "restart"):
+            raise ConfigurationError(f"on_env_error must be 'raise' or 'restart', got {self.on_env_error!r}.")

@@ -1,25 +1,36 @@
-"""The live set of collector actors: placement, start, calls in flight, close.
+"""The live set of collector actors: placement, start, calls in flight, loss, replacement, close.
 
 Failure handling lives here, not in the iteration code: every wait is bounded
-by a timeout from :mod:`daskcollect.config`, and a failed start releases what
-it created before raising.
+by a timeout from :mod:`daskcollect.config`; a collector whose worker is gone
+(failed call, worker removed from the scheduler) or whose rollout outran its
+timeout is reported as :class:`CollectorLost`, its calls in flight are dropped
+whole, and :meth:`ActorPool.replace` starts a new incarnation elsewhere.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import queue
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from distributed import Client, Future, as_completed, wait
+from distributed import Client, Future, wait
 from distributed.actor import Actor, BaseActorFuture
 
 from daskcollect import config
 from daskcollect.actor import ActorSpec, CollectorActor, Rollout
-from daskcollect.errors import CollectorBuildError, CollectorTimeoutError, DaskCollectError, RolloutError
+from daskcollect.cluster import eligible_workers, live_workers
+from daskcollect.errors import (
+    CollectorBuildError,
+    CollectorTimeoutError,
+    DaskCollectError,
+    NotEnoughWorkersError,
+    RolloutError,
+)
 from daskcollect.weights import WeightsPayload, WeightsRef
 
 
@@ -33,9 +44,11 @@ class Slot:
         address: The worker hosting the actor.
         future: The actor's task future; releasing it deletes the actor.
         actor: The actor proxy.
+        recipe: The cloudpickled recipe, kept to start a replacement.
         pending: Newer weights to send with the next rollout call, kept alive
             with their future until a call carrying them completes.
         batches_since_update: Batches produced since the last weights update.
+        frames: Frames this slot delivered, and ``seconds`` the rollouts took.
     """
 
     index: int
@@ -43,8 +56,11 @@ class Slot:
     address: str
     future: Future
     actor: Actor
+    recipe: bytes
     pending: tuple[WeightsRef, Future] | None = None
     batches_since_update: int = 0
+    frames: int = 0
+    seconds: float = 0.0
 
 
 @dataclass
@@ -57,34 +73,68 @@ class InFlight:
     started: float = field(default_factory=time.monotonic)
 
 
+class _FailedCall(BaseActorFuture):
+    """A rollout call that could not even be sent; its result raises why."""
+
+    def __init__(self, exc: Exception):
+        self.exc = exc
+
+    def result(self, timeout=None):
+        raise self.exc
+
+    def done(self) -> bool:
+        return True
+
+    def __await__(self):
+        raise self.exc
+        yield  # pragma: no cover
+
+
+class CollectorLost(Exception):
+    """Internal signal: a collector's actor is gone or stuck; its calls are dropped.
+
+    Attributes:
+        slot: The collector.
+        cause: What happened, for error messages.
+        hung: ``True`` when a rollout outran its timeout (the worker is stuck).
+        calls: Calls of the slot already taken out of flight (the failed one).
+    """
+
+    def __init__(self, slot: Slot, cause: str, hung: bool = False, calls: int = 0):
+        super().__init__(cause)
+        self.slot, self.cause, self.hung, self.calls = slot, cause, hung, calls
+
+
 class ActorPool:
-    """Starts, drives and closes one actor per worker.
+    """Starts, drives, replaces and closes one actor per worker.
 
     Args:
         client: Our ``Client(direct_to_workers=True)``.
-        track_policy_version: Passed to every actor.
-        memmap_root: Where actors write their rollouts (``output="memmap"``).
+        spec: Template for every actor's :class:`~daskcollect.actor.ActorSpec`
+            (``index`` and ``uid`` are filled in per actor).
+        resources: Resources a worker must declare to host a collector.
     """
 
-    def __init__(self, client: Client, track_policy_version: bool = False, memmap_root: str | None = None):
+    def __init__(self, client: Client, spec: ActorSpec | None = None, resources: Mapping | None = None):
         self.client = client
-        self.track_policy_version = track_policy_version
-        self.memmap_root = memmap_root
+        self.spec = spec or ActorSpec(0, 0)
+        self.resources = resources
         self.slots: list[Slot] = []
         self._uids = itertools.count()
         self._token = uuid.uuid4().hex[:8]
         self._inflight: dict[BaseActorFuture, InFlight] = {}
-        self._completed = as_completed(loop=client.loop)
+        # Dask's as_completed does not wait for actor futures (its wait() sees no
+        # Future in them and returns at once), so completions are tracked here.
+        self._completed: queue.SimpleQueue[BaseActorFuture] = queue.SimpleQueue()
+        self._next_liveness = 0.0
+        # The latest weights sent to each collector index, for its replacements.
+        self._latest: dict[int, tuple[WeightsRef, Future]] = {}
 
     # --- start -------------------------------------------------------------
-    def start(self, recipes: list[bytes], addresses: list[str]) -> None:
-        """Starts one actor per recipe, the i-th on ``addresses[i]``.
-
-        Raises:
-            CollectorBuildError: (or a subclass) if a collector fails to build.
-            CollectorTimeoutError: If a collector is not built within
-                ``daskcollect.timeouts.actor-start``.
-        """
+    def _launch(
+        self, indices: list[int], recipes: list[bytes], addresses: list[str], seed=None
+    ) -> list[Slot]:
+        """Starts actors and waits (bounded) until they are built."""
         # Each distinct recipe is sent once; Dask resolves the futures on the workers.
         blobs: dict[bytes, Future] = {}
         for recipe in recipes:
@@ -92,10 +142,14 @@ class ActorPool:
                 blobs[recipe] = self.client.scatter(
                     recipe, hash=False, direct=True, timeout=config.timeout("weights")
                 )
-        futures = []
-        for index, (recipe, address) in enumerate(zip(recipes, addresses)):
+        futures, uids = [], []
+        for index, recipe, address in zip(indices, recipes, addresses):
             uid = next(self._uids)
-            spec = ActorSpec(index, uid, self.track_policy_version, self.memmap_root)
+            spec = ActorSpec(
+                index, uid, self.spec.track_policy_version, self.spec.memmap_root,
+                self.spec.restart_env_on_error, seed,
+            )  # fmt: skip
+            uids.append(uid)
             futures.append(
                 self.client.submit(
                     CollectorActor,
@@ -111,46 +165,102 @@ class ActorPool:
         timeout = config.timeout("actor-start")
         try:
             with self.client.as_current():
-                done, not_done = wait(futures, timeout=timeout, return_when="ALL_COMPLETED")
+                _, not_done = wait(futures, timeout=timeout, return_when="ALL_COMPLETED")
         except TimeoutError:
             not_done = [f for f in futures if not f.done()]
         try:
             if not_done:
-                late = [i for i, f in enumerate(futures) if f in set(not_done)]
+                late = [i for i, f in zip(indices, futures) if f in set(not_done)]
                 raise CollectorTimeoutError(
                     f"Collectors {late} were not built within {timeout:g}s. Building envs "
                     "and policy on the workers is too slow or stuck: check the env "
                     "constructor, or raise daskcollect.timeouts.actor-start.",
                     indices=late,
                 )
-            for future in futures:
+            for future, address in zip(futures, addresses):
                 if future.status == "error":
                     exc = future.exception()
                     if isinstance(exc, DaskCollectError):
                         raise exc  # ours, raised on the worker: it names the cause already
                     raise CollectorBuildError(
-                        f"A collector could not be started on {addresses[futures.index(future)]}: "
-                        f"{type(exc).__name__}: {exc}. Check that daskcollect, torch and torchrl "
-                        "are installed on the workers in the same versions as here."
+                        f"A collector could not be started on {address}: {type(exc).__name__}: "
+                        f"{exc}. Check that daskcollect, torch and torchrl are installed on the "
+                        "workers in the same versions as here."
                     ) from exc
+            slots = []
             with self.client.as_current():
-                for index, (future, address) in enumerate(zip(futures, addresses)):
+                for index, uid, recipe, address, future in zip(indices, uids, recipes, addresses, futures):
                     actor = future.result(timeout=timeout)
-                    uid = int(future.key.rsplit("-", 1)[1])
-                    self.slots.append(Slot(index, uid, address, future, actor))
+                    slots.append(Slot(index, uid, address, future, actor, recipe))
+            return slots
         except BaseException:
             self.client.cancel(futures)
-            self.slots = []
             raise
 
+    def start(self, recipes: list[bytes], addresses: list[str]) -> None:
+        """Starts one actor per recipe, the i-th on ``addresses[i]``.
+
+        Raises:
+            CollectorBuildError: (or a subclass) if a collector fails to build.
+            CollectorTimeoutError: If a collector is not built within
+                ``daskcollect.timeouts.actor-start``.
+        """
+        self.slots = self._launch(list(range(len(recipes))), recipes, addresses)
+
+    def free_workers(self) -> list[str]:
+        """Eligible workers that host none of our collectors."""
+        taken = {s.address for s in self.slots}
+        return [a for a in eligible_workers(self.client, self.resources) if a not in taken]
+
+    def replace(self, lost: Slot, seed: int | None = None) -> Slot:
+        """Starts a new incarnation of ``lost`` on a free eligible worker (bounded wait).
+
+        The new actor keeps the collector index, gets a new uid (fresh
+        trajectory ids), and loads the latest weights sent to that index
+        before its first rollout.
+
+        Raises:
+            NotEnoughWorkersError: If no free eligible worker appears within
+                ``daskcollect.timeouts.workers``.
+        """
+        timeout = config.timeout("workers")
+        deadline = time.monotonic() + timeout
+        while not (free := self.free_workers()):
+            if time.monotonic() >= deadline:
+                raise NotEnoughWorkersError(
+                    f"Collector {lost.index} lost its worker and no free eligible worker joined within "
+                    f"{timeout:g}s to host a replacement. Add workers, or raise daskcollect.timeouts.workers.",
+                    needed=1,
+                    found=0,
+                )
+            time.sleep(0.2)
+        (slot,) = self._launch([lost.index], [lost.recipe], [free[0]], seed)
+        latest = self._latest.get(lost.index)
+        if latest is not None:
+            # Put the latest weights on the new worker (their replicas may have died with the old one).
+            payload = latest[1].result(timeout=config.timeout("weights"))
+            self.scatter_weights(payload, [slot])
+        self.slots = sorted([s for s in self.slots if s is not lost] + [slot], key=lambda s: s.index)
+        return slot
+
+    def abandon(self, slot: Slot) -> int:
+        """Drops ``slot``'s calls in flight and deletes its actor; returns the calls dropped."""
+        dropped = [c for c, f in self._inflight.items() if f.slot is slot]
+        for call in dropped:
+            del self._inflight[call]  # if it ever completes, next_rollout ignores it
+        with contextlib.suppress(Exception):
+            self.client.cancel([slot.future])
+        self.slots = [s for s in self.slots if s is not slot]
+        return len(dropped)
+
     # --- weights -----------------------------------------------------------
-    def scatter_weights(self, payload: WeightsPayload, slots: list[Slot]) -> None:
+    def scatter_weights(self, payload: WeightsPayload, slots: list[Slot]) -> tuple[WeightsRef, Future] | None:
         """Scatters ``payload`` once, replicated to ``slots``' workers by Dask.
 
         Each slot sends the reference with its next rollout call.
         """
         if not slots:
-            return
+            return None
         addresses = sorted({s.address for s in slots})
         future = self.client.scatter(
             payload,
@@ -160,18 +270,31 @@ class ActorPool:
             direct=True,
             timeout=config.timeout("weights"),
         )
-        ref = WeightsRef(future.key, payload.version)
+        pending = (WeightsRef(future.key, payload.version), future)
         for slot in slots:
-            slot.pending = (ref, future)
+            slot.pending = self._latest[slot.index] = pending
             slot.batches_since_update = 0
+        return pending
 
     # --- rollouts ----------------------------------------------------------
     def submit_rollout(self, slot: Slot) -> None:
         """Starts a rollout on ``slot`` (weights included when newer ones are pending)."""
         pending = slot.pending
-        call = slot.actor.rollout(pending[0] if pending else None)
+        try:
+            call = slot.actor.rollout(pending[0] if pending else None)
+        except Exception as exc:  # e.g. "Worker holding Actor was lost": report it as a failed call
+            call = _FailedCall(exc)
+            self._inflight[call] = InFlight(slot, call, pending)
+            self._completed.put(call)
+            return
         self._inflight[call] = InFlight(slot, call, pending)
-        self._completed.add(call)
+        self.client.loop.add_callback(self._watch, call)
+
+    async def _watch(self, call: BaseActorFuture) -> None:
+        """Runs on the client's event loop: queues ``call`` once it has finished."""
+        with contextlib.suppress(BaseException):
+            await call
+        self._completed.put(call)
 
     @property
     def num_inflight(self) -> int:
@@ -181,52 +304,70 @@ class ActorPool:
         """Rollout calls in flight on ``slot``."""
         return sum(f.slot is slot for f in self._inflight.values())
 
+    def _check_liveness(self, timeout: float) -> None:
+        """Raises :class:`CollectorLost` for a stuck rollout or a worker gone from the scheduler."""
+        now = time.monotonic()
+        for flight in self._inflight.values():
+            if now - flight.started > timeout:
+                raise CollectorLost(
+                    flight.slot,
+                    f"its rollout ran for more than {timeout:g}s (daskcollect.timeouts.rollout); "
+                    "an env may be stuck in step()",
+                    hung=True,
+                )
+        if now < self._next_liveness:
+            return
+        self._next_liveness = now + config.seconds("liveness-interval")
+        alive = live_workers(self.client)
+        busy = {f.slot.address: f.slot for f in self._inflight.values()}
+        for address, slot in busy.items():
+            if address not in alive:
+                raise CollectorLost(slot, f"its worker {address} left the cluster")
+
     def next_rollout(self, timeout: float) -> Rollout:
         """Waits for the next finished rollout, in completion order.
 
+        Args:
+            timeout: The bound on each rollout call, from its start.
+
         Raises:
-            RolloutError: If the rollout raised on its worker, or the worker was lost.
-            CollectorTimeoutError: If none finishes within ``timeout`` seconds.
+            RolloutError: If the rollout raised on its worker.
+            CollectorLost: If a collector's worker is gone or its rollout is stuck.
         """
-        ac = self._completed
-        deadline = time.monotonic() + timeout
-        with ac.thread_condition:
-            while not ac.has_ready():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    slow = sorted(f.slot.index for f in self._inflight.values())
-                    raise CollectorTimeoutError(
-                        f"No rollout finished within {timeout:g}s (collectors {slow} are "
-                        "still running). An env may be stuck in step(); raise "
-                        "daskcollect.timeouts.rollout if rollouts are legitimately this slow.",
-                        indices=slow,
-                    )
-                ac.thread_condition.wait(min(remaining, 1.0))
-        call = next(ac)
-        flight = self._inflight.pop(call)
-        try:
-            out: Rollout = call.result(timeout=timeout)
-        except RolloutError:
-            raise
-        except OSError as exc:
-            raise RolloutError(
-                f"collector {flight.slot.index}: its worker {flight.slot.address} was lost "
-                f"({exc}). Check the worker's logs (memory limit, killed process).",
-                worker=flight.slot.address,
-                index=flight.slot.index,
-            ) from exc
-        slot = flight.slot
-        if flight.weights is not None and slot.pending is flight.weights:
-            slot.pending = None  # the actor has these weights now
-        slot.batches_since_update += 1
-        return out
+        while True:
+            self._check_liveness(timeout)  # cheap; asks the scheduler once per liveness-interval
+            try:
+                call = self._completed.get(timeout=0.25)
+            except queue.Empty:
+                continue
+            flight = self._inflight.pop(call, None)
+            if flight is None:
+                continue  # the call of an abandoned collector
+            try:
+                out: Rollout = call.result(timeout=config.timeout("call"))
+            except RolloutError:
+                raise
+            except Exception as exc:
+                cause = f"its call failed ({type(exc).__name__}: {exc})"
+                raise CollectorLost(flight.slot, cause, calls=1) from exc
+            slot = flight.slot
+            if flight.weights is not None and slot.pending is flight.weights:
+                slot.pending = None  # the actor has these weights now
+            slot.batches_since_update += 1
+            slot.frames += out.frames
+            slot.seconds += out.seconds
+            return out
 
     def drain(self, timeout: float) -> None:
         """Waits (bounded) for calls in flight and discards their results."""
         deadline = time.monotonic() + timeout
         while self._inflight and time.monotonic() < deadline:
-            with contextlib.suppress(Exception):
+            try:
                 self.next_rollout(max(deadline - time.monotonic(), 0.01))
+            except CollectorLost as lost:
+                self.abandon(lost.slot)
+            except Exception:  # a failed rollout: nothing to keep
+                pass
 
     # --- other calls -------------------------------------------------------
     def call_all(self, method: str, *args: Any, timeout: float | None = None) -> list[Any]:
@@ -242,7 +383,7 @@ class ActorPool:
     # --- close -------------------------------------------------------------
     def close(self, timeout: float) -> None:
         """Closes every actor's collector, then deletes the actors (bounded)."""
-        self.drain(min(timeout / 2, timeout))
+        self.drain(timeout / 2)
         deadline = time.monotonic() + timeout / 2
         calls = []
         for slot in self.slots:
@@ -258,3 +399,4 @@ class ActorPool:
             slot.pending = None
         self.slots = []
         self._inflight.clear()
+        self._latest.clear()

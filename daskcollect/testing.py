@@ -130,3 +130,34 @@ class PixelEnv(EnvBase):
 def make_pixel_env(size: int = 84, max_steps: int = 50) -> PixelEnv:
     """A TorchRL env with ``size x size x 3`` uint8 pixel observations (no gym needed)."""
     return PixelEnv(size=size, max_steps=max_steps)
+
+
+def make_env_failing_once(flag: str, steps: int = 30):
+    """CartPole whose ``step`` raises once, in the first env to claim the ``flag`` file."""
+    return _once(make_cartpole(), flag, steps, lambda: (_ for _ in ()).throw(RuntimeError("env broke once")))
+
+
+def make_env_hanging_once(flag: str, steps: int = 30):
+    """CartPole whose ``step`` hangs (sleeps an hour) once, in the first env to claim ``flag``."""
+    import time
+
+    return _once(make_cartpole(), flag, steps, lambda: time.sleep(3600))
+
+
+def _once(env, flag: str, steps: int, action):
+    """Runs ``action`` inside ``step`` after ``steps`` steps, in one env only (the flag file's claimer)."""
+    calls = {"n": 0}
+    original = env._step
+
+    def _step(tensordict):
+        calls["n"] += 1
+        if calls["n"] == steps:
+            try:
+                os.close(os.open(flag, os.O_CREAT | os.O_EXCL))  # atomic: one env claims it
+            except FileExistsError:
+                return original(tensordict)
+            action()
+        return original(tensordict)
+
+    env._step = _step
+    return env

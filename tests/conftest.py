@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
@@ -63,6 +64,7 @@ def client(cluster):
 def make_cluster():
     """Builds extra LocalClusters for one test and closes them afterwards."""
     made = []
+    before = children()
 
     def make(**kwargs):
         made.append(_local_cluster(**kwargs))
@@ -70,7 +72,11 @@ def make_cluster():
 
     yield make
     for c in made:
-        c.close(timeout=30)
+        with contextlib.suppress(Exception):  # a test may have killed its scheduler
+            c.close(timeout=10)
+    for pid in children() - before:  # whatever a broken cluster left behind
+        with contextlib.suppress(psutil.NoSuchProcess):
+            psutil.Process(pid).kill()
 
 
 def children() -> set[int]:

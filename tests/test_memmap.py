@@ -11,7 +11,9 @@ import dask
 import psutil
 import pytest
 import torch
+from distributed import Client
 from tensordict import MemoryMappedTensor, TensorDict
+from torchrl.collectors import Collector
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ListStorage, ReplayBuffer
 
 from daskcollect import (
@@ -19,9 +21,9 @@ from daskcollect import (
     ConfigurationError,
     DaskCollector,
     MemmapBatch,
-    RolloutError,
     SharedFilesystemError,
 )
+from daskcollect.actor import ActorSpec
 from daskcollect.memmap import TMP_PREFIX, check_writable
 from daskcollect.pool import ActorPool
 from daskcollect.recipe import CollectorRecipe
@@ -174,42 +176,36 @@ def test_bad_memmap_dir(client, tmp_path):
 
 def test_worker_that_cannot_see_the_folder_fails_before_any_rollout(client, tmp_path):
     """An actor checks its memmap folder when it starts, and names worker and path."""
-    pool = ActorPool(client.__class__(client.scheduler.address, set_as_default=False, direct_to_workers=True),
-                     memmap_root=str(tmp_path / "not-on-this-worker"))  # fmt: skip
+    ours = Client(client.scheduler.address, set_as_default=False, direct_to_workers=True)
+    pool = ActorPool(ours, ActorSpec(0, 0, memmap_root=str(tmp_path / "not-on-this-worker")))
     try:
-        recipe = CollectorRecipe(make_cartpole, None, None, __import__("torchrl").collectors.Collector,
-                                 {"frames_per_batch": 10}).dumps()  # fmt: skip
+        recipe = CollectorRecipe(make_cartpole, None, None, Collector, {"frames_per_batch": 10}).dumps()
         address = sorted(client.scheduler_info(n_workers=-1)["workers"])[0]
         with pytest.raises(SharedFilesystemError) as info:
             pool.start([recipe], [address])
         assert f"collector 0 on worker {address}" in str(info.value)
         assert "not-on-this-worker" in str(info.value)
     finally:
-        pool.client.close()
+        ours.close()
 
 
 def test_worker_killed_mid_write_leaves_no_partial_batch(make_cluster, tmp_path):
-    from distributed import Client
-
     cluster = make_cluster(n_workers=2)
-    with (
-        Client(cluster, set_as_default=False) as client,
-        dask.config.set({"daskcollect.timeouts.rollout": "20s"}),
-    ):
-        collector = DaskCollector(
-            lambda: make_pixel_env(size=96), frames_per_batch=400, total_frames=-1, output="memmap",
+    with Client(cluster, set_as_default=False) as client:
+        with DaskCollector(
+            lambda: make_pixel_env(size=96), frames_per_batch=400, total_frames=400 * 8, output="memmap",
             memmap_dir=tmp_path, memmap_retention="keep", client=client,
-        )  # fmt: skip
-        root = collector._ledger.root
-        pid = client.run(os.getpid, workers=[collector.workers[0]])[collector.workers[0]]
-        with pytest.raises((RolloutError, CollectorTimeoutError)):
+        ) as collector:  # fmt: skip
+            root = collector._ledger.root
+            pid = client.run(os.getpid, workers=[collector.workers[0]])[collector.workers[0]]
             for i, batch in enumerate(collector):
                 batch.release()
-                if i == 2:
+                if i == 1:  # the collectors are writing their next rollouts now
                     psutil.Process(pid).send_signal(signal.SIGKILL)
+            assert collector.stats()["restarts"] >= 1  # the collection went on
     names = folders(root)
     complete = [n for n in names if not n.startswith(TMP_PREFIX)]
-    assert complete, names
+    assert len(complete) >= 8, names
     for name in complete:  # anything a reader could take for a batch is whole
         td = TensorDict.load_memmap(os.path.join(root, name))
         assert td.batch_size == torch.Size([400])
