@@ -2,7 +2,7 @@
 
 The driver keeps one :class:`~daskcollect.actor.CollectorActor` per worker
 process, scatters the policy weights once per update, and feeds the iterator
-from Dask's ``as_completed``:
+with rollouts in completion order (see :class:`~daskcollect.pool.ActorPool`):
 
 - ``sync=True``: every collector gathers ``ceil(frames_per_batch / N)`` frames
   and the batch is their stack ``[N, ...]`` (TorchRL's ``MultiSyncCollector``
@@ -159,6 +159,15 @@ class DaskCollector(BaseCollector):
             pre_collect_hook, post_collect_hook: As in ``RayCollector``.
         replay_buffer: Each batch extends it on the driver and the iterator
             yields ``None`` (TorchRL's semantics).
+        output: ``"tensordict"`` (default) or ``"memmap"``: workers write each
+            rollout to ``memmap_dir`` and the iterator yields
+            :class:`~daskcollect.MemmapBatch` handles.
+        memmap_dir, memmap_retention, max_unreleased: The shared folder, when
+            files are deleted (``"release"``, ``"keep"`` or keep-last ``K``),
+            and the back-pressure bound (docs/api.md).
+        max_collector_restarts: Replacements of lost or stuck collectors and
+            env rebuilds allowed in total (docs/fault_tolerance.md).
+        on_env_error: ``"raise"`` (default) or ``"restart"`` the collector.
 
     Examples:
         >>> from daskcollect import DaskCollector
