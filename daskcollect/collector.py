@@ -267,8 +267,22 @@ class DaskCollector(BaseCollector):
             raise ConfigurationError(
                 f"num_workers_per_collector must be an int >= 1, got {num_workers_per_collector!r}."
             )
-        if num_collectors is not None and (not isinstance(num_collectors, int) or num_collectors < 1):
-            raise ConfigurationError(f"num_collectors must be an int >= 1, got {num_collectors!r}.")
+        if num_collectors not in (None, "auto") and (
+            not isinstance(num_collectors, int) or num_collectors < 1
+        ):
+            raise ConfigurationError(f"num_collectors must be an int >= 1 or 'auto', got {num_collectors!r}.")
+        # Follow the cluster: a worker that joins gets a collector.
+        self._follow = not isinstance(create_env_fn, (list, tuple)) and (
+            num_collectors == "auto"
+            or (num_collectors is None and (client is not None or scheduler_file is not None))
+        )
+        if num_collectors == "auto":
+            if isinstance(create_env_fn, (list, tuple)):
+                raise ConfigurationError(
+                    "num_collectors='auto' needs a single create_env_fn (every new worker runs it); "
+                    "pass one constructor, or a fixed num_collectors."
+                )
+            num_collectors = None
         if isinstance(create_env_fn, (list, tuple)):
             if num_collectors is not None and num_collectors != len(create_env_fn):
                 raise ConfigurationError(
@@ -296,6 +310,7 @@ class DaskCollector(BaseCollector):
         self._policy_version = 0
         self._pass_batches = 0
         self._seed: int | None = None
+        self._known_workers: set[str] = set()
         self._counters = {"frames_lost": 0, "rollouts_lost": 0, "restarts": 0, "env_restarts": 0}
         self._last_loss: str | None = None
 
@@ -515,6 +530,7 @@ class DaskCollector(BaseCollector):
         pool = self._pool
         timeout = config.timeout("rollout")
         while self._remaining() is None or self._remaining() > 0:
+            self._maybe_grow()
             self._refresh_weights(pool.slots)
             self._wait_for_room(len(pool.slots))
             for slot in pool.slots:
@@ -525,10 +541,12 @@ class DaskCollector(BaseCollector):
                     rollout = pool.next_rollout(timeout)
                 except CollectorLost as lost:
                     # Keep the batch shape: the replacement re-collects the lost share.
-                    pool.submit_rollout(self._recover(lost))
+                    replacement = self._recover(lost)
+                    if replacement is not None:
+                        pool.submit_rollout(replacement)
                     continue
                 if self._env_failed(rollout):
-                    pool.submit_rollout(pool.slots[rollout.index])
+                    pool.submit_rollout(next(s for s in pool.slots if s.index == rollout.index))
                     continue
                 results[rollout.index] = rollout
             yield [results[i] for i in sorted(results)]
@@ -570,10 +588,24 @@ class DaskCollector(BaseCollector):
             if self._env_failed(rollout):
                 continue
             # Re-arm before yielding, so the collector works while the driver trains.
-            slot = pool.slots[rollout.index]
+            slot = next(s for s in pool.slots if s.index == rollout.index)
             self._refresh_weights([slot])
             arm([slot], held=1)
             yield [rollout]
+            self._maybe_grow()
+
+    def _maybe_grow(self) -> None:
+        """In follow mode, starts a collector on every eligible worker that joined."""
+        if not self._follow:
+            return
+        alive = live_workers(self.client)  # one light RPC per batch
+        if alive <= self._known_workers:
+            return
+        self._known_workers = alive
+        new = self._pool.grow(self._pool.free_workers())
+        if new:
+            self.num_collectors = len(self._pool.slots)
+            logger.info("started collectors %s on joining workers", [s.index for s in new])
 
     # --- failures -----------------------------------------------------------
     def _env_failed(self, rollout: Rollout) -> bool:
@@ -601,8 +633,12 @@ class DaskCollector(BaseCollector):
                 env_restarts=self._counters["env_restarts"],
             )
 
-    def _recover(self, lost: CollectorLost) -> Slot:
-        """Drops a lost collector's calls whole and starts a replacement with the latest weights."""
+    def _recover(self, lost: CollectorLost) -> Slot | None:
+        """Drops a lost collector's calls whole and starts a replacement with the latest weights.
+
+        Returns:
+            The replacement, or ``None`` when following a cluster that shrank.
+        """
         pool, slot = self._pool, lost.slot
         live_workers(self.client)  # a lost scheduler is a ClusterConnectionError, not a restart
         dropped = pool.abandon(slot) + lost.calls
@@ -612,12 +648,19 @@ class DaskCollector(BaseCollector):
         )
         self._counters["restarts"] += 1
         self._last_loss = f"collector {slot.index} on {slot.address}: {lost.cause}"
-        logger.warning("collector %d lost (%s); starting a replacement", slot.index, lost.cause)
+        logger.warning("collector %d lost (%s)", slot.index, lost.cause)
         self._check_restart_budget()
         if lost.hung:
             # A stuck actor thread blocks every later actor call on that worker: restart it.
             with contextlib.suppress(Exception):
                 self.client.restart_workers([slot.address], timeout=config.timeout("shutdown"))
+        if self._follow and not pool.free_workers():
+            # Following the cluster, which shrank (scale-down, adapt): go on with fewer
+            # collectors; a worker that joins later gets one again.
+            self._counters["restarts"] -= 1
+            self.num_collectors = len(pool.slots)
+            logger.warning("collector %d dropped: its worker left and none is free", slot.index)
+            return None
         time.sleep(config.seconds("restart-delay"))
         seed = None if self._seed is None else self._seed + 7919 * (self._counters["restarts"])
         return pool.replace(slot, seed=seed)
@@ -712,16 +755,16 @@ class DaskCollector(BaseCollector):
         self._pool.scatter_weights(WeightsPayload.from_tensordict(td, self._policy_version), slots)
 
     def _select(self, worker_ids: int | Sequence[int] | None) -> list[Slot]:
-        slots = self._pool.slots
+        by_index = {s.index: s for s in self._pool.slots}
         if worker_ids is None:
-            return list(slots)
+            return list(by_index.values())
         ids = [worker_ids] if isinstance(worker_ids, int) else list(worker_ids)
-        bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < len(slots)]
+        bad = [i for i in ids if i not in by_index]
         if bad:
             raise ConfigurationError(
-                f"worker_ids {bad} are not collector indices; valid ones are 0..{len(slots) - 1}."
+                f"worker_ids {bad} are not collector indices; valid ones are {sorted(by_index)}."
             )
-        return [slots[i] for i in ids]
+        return [by_index[i] for i in ids]
 
     # --- seeds and state ----------------------------------------------------
     def set_seed(self, seed: int, static_seed: bool = False) -> int:

@@ -127,8 +127,9 @@ class ActorPool:
         # Future in them and returns at once), so completions are tracked here.
         self._completed: queue.SimpleQueue[BaseActorFuture] = queue.SimpleQueue()
         self._next_liveness = 0.0
-        # The latest weights sent to each collector index, for its replacements.
+        # The latest weights sent to each collector index, and to anyone, for new actors.
         self._latest: dict[int, tuple[WeightsRef, Future]] = {}
+        self._newest: tuple[WeightsRef, Future] | None = None
 
     # --- start -------------------------------------------------------------
     def _launch(
@@ -235,13 +236,30 @@ class ActorPool:
                 )
             time.sleep(0.2)
         (slot,) = self._launch([lost.index], [lost.recipe], [free[0]], seed)
-        latest = self._latest.get(lost.index)
-        if latest is not None:
-            # Put the latest weights on the new worker (their replicas may have died with the old one).
-            payload = latest[1].result(timeout=config.timeout("weights"))
-            self.scatter_weights(payload, [slot])
+        self._send_latest_weights(slot)
         self.slots = sorted([s for s in self.slots if s is not lost] + [slot], key=lambda s: s.index)
         return slot
+
+    def grow(self, addresses: list[str]) -> list[Slot]:
+        """Starts new collectors (new indices, the first collector's recipe) on ``addresses``."""
+        first = self.slots[0] if self.slots else None
+        if first is None or not addresses:
+            return []
+        start = max(s.index for s in self.slots) + 1
+        indices = list(range(start, start + len(addresses)))
+        new = self._launch(indices, [first.recipe] * len(addresses), addresses)
+        for slot in new:
+            self._send_latest_weights(slot)
+        self.slots = sorted(self.slots + new, key=lambda s: s.index)
+        return new
+
+    def _send_latest_weights(self, slot: Slot) -> None:
+        """Gives a new actor the latest weights sent to its index (or to anyone)."""
+        latest = self._latest.get(slot.index) or self._newest
+        if latest is not None:
+            # Gathered and scattered again: their replicas may have died with the old worker.
+            payload = latest[1].result(timeout=config.timeout("weights"))
+            self.scatter_weights(payload, [slot])
 
     def abandon(self, slot: Slot) -> int:
         """Drops ``slot``'s calls in flight and deletes its actor; returns the calls dropped."""
@@ -271,6 +289,8 @@ class ActorPool:
             timeout=config.timeout("weights"),
         )
         pending = (WeightsRef(future.key, payload.version), future)
+        if self._newest is None or payload.version >= self._newest[0].version:
+            self._newest = pending
         for slot in slots:
             slot.pending = self._latest[slot.index] = pending
             slot.batches_since_update = 0
@@ -400,3 +420,4 @@ class ActorPool:
         self.slots = []
         self._inflight.clear()
         self._latest.clear()
+        self._newest = None

@@ -14,7 +14,7 @@ import pytest
 import torch
 from distributed import Client
 
-from daskcollect import ClusterConnectionError, CollectorLostError, DaskCollector
+from daskcollect import ClusterConnectionError, CollectorLostError, ConfigurationError, DaskCollector
 from daskcollect.actor import TRAJ_ID_BITS
 from daskcollect.testing import (
     constant_action_policy,
@@ -187,3 +187,53 @@ def test_soak_repeated_kills(make_cluster):
     assert frames == 60_000 and kills >= 3
     assert stats["restarts"] >= kills - 1  # a kill during a replacement can land on a fresh worker
     check_no_duplicates(batches, per_rollout_frames=500)
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_follows_the_cluster_when_workers_join(make_cluster, sync):
+    cluster = make_cluster(n_workers=2)
+    with Client(cluster, set_as_default=False) as client, dask.config.set(FAST):
+        with DaskCollector(
+            make_cartpole, frames_per_batch=100, total_frames=-1, sync=sync, client=client
+        ) as collector:  # a client and no num_collectors: follow the cluster
+            it = iter(collector)
+            assert [next(it).numel() for _ in range(3)] and collector.num_collectors == 2
+            cluster.scale(3)
+            client.wait_for_workers(3, timeout=30)
+            batches_until_joined = 0
+            while collector.stats()["live_collectors"] < 3:
+                next(it)
+                batches_until_joined += 1
+                assert batches_until_joined <= 2, "a joining worker gets a collector within two batches"
+            later = [next(it) for _ in range(6)]
+    assert collector.num_collectors == 3
+    newcomer = [b for b in later if (b["collector", "collector_id"] == 2).any()]
+    assert newcomer, "the new collector contributes batches"
+    if sync:
+        assert later[-1].batch_size == torch.Size([3, 50])  # each collector keeps its share
+
+
+def test_auto_needs_a_single_constructor(client):
+    with pytest.raises(ConfigurationError, match="auto"):
+        DaskCollector(
+            [make_cartpole, make_cartpole], frames_per_batch=10, num_collectors="auto", client=client
+        )
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_follows_the_cluster_when_it_shrinks(make_cluster, sync):
+    """Scale-down kills a worker that holds a collector (Dask cannot retire it): no error, go on."""
+    cluster = make_cluster(n_workers=3)
+    with Client(cluster, set_as_default=False) as client, dask.config.set(FAST):
+        with DaskCollector(
+            make_cartpole, frames_per_batch=90, total_frames=-1, sync=sync, client=client
+        ) as collector:  # fmt: skip
+            it = iter(collector)
+            batches = [next(it) for _ in range(3)]
+            cluster.scale(2)
+            batches += [next(it) for _ in range(20)]
+            stats = collector.stats()
+    assert stats["live_collectors"] == 2 and stats["restarts"] == 0
+    if sync:
+        assert batches[-1].batch_size == torch.Size([2, 30])
+    check_no_duplicates(batches, per_rollout_frames=30 if sync else 90)

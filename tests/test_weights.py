@@ -139,18 +139,20 @@ def test_async_update_reaches_rearmed_collectors(client):
         next(it)
         set_constant_action(policy, 1)
         collector.update_policy_weights_()
-        # Calls already in flight finish on version 0; within a few batches
-        # every collector runs on version 1 and acts accordingly.
-        versions = []
-        for _ in range(8):
+        # Calls already in flight finish on version 0; then each collector runs on
+        # version 1 and acts accordingly. Versions never go back, per collector.
+        per_collector: dict[int, list[int]] = {}
+        for _ in range(12):
             batch = next(it)
             version = batch["policy_version"].unique().tolist()
             assert len(version) == 1
-            versions.append(version[0])
+            cid = int(batch["collector", "collector_id"][0])
+            per_collector.setdefault(cid, []).append(version[0])
             if version[0] == 1:
                 assert set(actions(batch).unique().tolist()) == {1}
-        assert versions == sorted(versions)
-        assert versions[-2:] == [1, 1]
+        assert set(per_collector) == {0, 1}
+        for versions in per_collector.values():
+            assert versions == sorted(versions) and versions[-1] == 1
 
 
 def test_no_policy_update_needs_weights(client):
