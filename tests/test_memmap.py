@@ -194,7 +194,7 @@ def test_worker_killed_mid_write_leaves_no_partial_batch(make_cluster, tmp_path)
     with Client(cluster, set_as_default=False) as client:
         with DaskCollector(
             lambda: make_pixel_env(size=96), frames_per_batch=400, total_frames=400 * 8, output="memmap",
-            memmap_dir=tmp_path, memmap_retention="keep", client=client,
+            memmap_dir=tmp_path, memmap_retention="keep", num_collectors=2, client=client,
         ) as collector:  # fmt: skip
             root = collector._ledger.root
             pid = client.run(os.getpid, workers=[collector.workers[0]])[collector.workers[0]]

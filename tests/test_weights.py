@@ -47,17 +47,16 @@ def test_extract_weights_from_module_and_dict():
         extract_weights(42)
 
 
-def test_update_reaches_workers_only_after_update(client):
+def probe(client, **kwargs) -> tuple:
+    """A constant-action policy (action 0) and an endless 2-collector DaskCollector running it."""
     policy = constant_action_policy(0)
-    with DaskCollector(
-        make_cartpole,
-        policy,
-        frames_per_batch=40,
-        total_frames=-1,
-        sync=True,
-        track_policy_version=True,
-        client=client,
-    ) as collector:
+    kwargs = {"frames_per_batch": 40, "total_frames": -1, "sync": True, **kwargs}
+    return policy, DaskCollector(make_cartpole, policy, client=client, **kwargs)
+
+
+def test_update_reaches_workers_only_after_update(client):
+    policy, collector = probe(client, track_policy_version=True)
+    with collector:
         it = iter(collector)
         batch = next(it)
         assert per_collector(batch) == [{0}, {0}]
@@ -90,16 +89,8 @@ def test_update_reaches_workers_only_after_update(client):
 
 
 def test_update_after_each_batch(client):
-    policy = constant_action_policy(0)
-    with DaskCollector(
-        make_cartpole,
-        policy,
-        frames_per_batch=40,
-        total_frames=-1,
-        sync=True,
-        update_after_each_batch=True,
-        client=client,
-    ) as collector:
+    policy, collector = probe(client, update_after_each_batch=True)
+    with collector:
         it = iter(collector)
         assert per_collector(next(it)) == [{0}, {0}]
         set_constant_action(policy, 1)
@@ -107,16 +98,8 @@ def test_update_after_each_batch(client):
 
 
 def test_max_weight_update_interval(client):
-    policy = constant_action_policy(0)
-    with DaskCollector(
-        make_cartpole,
-        policy,
-        frames_per_batch=40,
-        total_frames=-1,
-        sync=True,
-        max_weight_update_interval=1,
-        client=client,
-    ) as collector:
+    policy, collector = probe(client, max_weight_update_interval=1)
+    with collector:
         set_constant_action(policy, 1)
         it = iter(collector)
         # Collectors run on their weights for 2 batches (> 1), then are refreshed.
@@ -125,16 +108,8 @@ def test_max_weight_update_interval(client):
 
 
 def test_async_update_reaches_rearmed_collectors(client):
-    policy = constant_action_policy(0)
-    with DaskCollector(
-        make_cartpole,
-        policy,
-        frames_per_batch=40,
-        total_frames=-1,
-        sync=False,
-        track_policy_version=True,
-        client=client,
-    ) as collector:
+    policy, collector = probe(client, track_policy_version=True, sync=False)
+    with collector:
         it = iter(collector)
         next(it)
         set_constant_action(policy, 1)
