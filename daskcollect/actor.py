@@ -16,7 +16,9 @@ from dataclasses import dataclass
 import cloudpickle
 import numpy as np
 import torch
-from distributed import Future, get_client, get_worker
+from distributed import get_worker
+from distributed.utils import sync
+from distributed.worker import get_data_from_worker
 from tensordict import TensorDictBase
 
 from daskcollect import config, serialization
@@ -125,9 +127,21 @@ class CollectorActor:
         try:
             return self._worker.data[ref.key]
         except KeyError:
-            # Not replicated here (or dropped by the Active Memory Manager): fetch it.
-            client = get_client()
-            return Future(ref.key, client).result(timeout=config.timeout("weights"))
+            # Not replicated here (e.g. dropped by the Active Memory Manager): fetch it
+            # from a worker that holds it. (A Future made in an actor thread never
+            # resolves: tried, it waits until its timeout.)
+            return sync(
+                self._worker.loop, self._fetch_remote, ref.key, callback_timeout=config.timeout("weights")
+            )
+
+    async def _fetch_remote(self, key: str) -> WeightsPayload:
+        worker = self._worker
+        holders = (await worker.scheduler.who_has(keys=[key])).get(key, [])
+        for address in holders:
+            response = await get_data_from_worker(worker.rpc, [key], address, who=worker.address)
+            if response.get("status") == "OK" and key in response["data"]:
+                return response["data"][key]
+        raise KeyError(f"weights {key} are held by no live worker ({holders})")
 
     def _load(self, ref: WeightsRef) -> None:
         payload = self._fetch(ref)

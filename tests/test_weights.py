@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from tensordict import TensorDict
@@ -134,3 +136,22 @@ def test_no_policy_update_needs_weights(client):
     with DaskCollector(make_cartpole, frames_per_batch=20, total_frames=40, client=client) as collector:
         with pytest.raises(ConfigurationError, match="without a policy"):
             collector.update_policy_weights_()
+
+
+def test_actor_fetches_weights_it_was_not_sent(client):
+    """The fallback path: weights held by another worker only (as after the AMM drops a replica)."""
+    from daskcollect.weights import WeightsPayload, WeightsRef
+
+    policy, collector = probe(client, num_collectors=1)
+    with collector:
+        it = iter(collector)
+        assert per_collector(next(it)) == [{0}]
+        other = next(a for a in client.scheduler_info(n_workers=-1)["workers"] if a != collector.workers[0])
+        set_constant_action(policy, 1)
+        payload = WeightsPayload.from_tensordict(extract_weights(policy), version=1)
+        future = collector.client.scatter(payload, workers=[other], hash=False, direct=True)
+        slot = collector._pool.slots[0]
+        slot.pending = (WeightsRef(future.key, 1), future)
+        start = time.monotonic()
+        assert per_collector(next(it)) == [{1}]
+        assert time.monotonic() - start < 10
