@@ -34,7 +34,6 @@ from daskcollect.actor import ActorSpec, Rollout
 from daskcollect.cluster import ClusterHandle, connect, eligible_workers, live_workers, wait_for_workers
 from daskcollect.errors import (
     CollectorClosedError,
-    CollectorLostError,
     ConfigurationError,
     EndlessCollectionError,
 )
@@ -43,6 +42,7 @@ from daskcollect.options import BatchOptions, ClusterOptions, FaultOptions, Outp
 from daskcollect.plugin import WorkerSetup
 from daskcollect.pool import ActorPool, CollectorLost, Slot
 from daskcollect.recipe import CollectorRecipe
+from daskcollect.stats import FailureCounters
 from daskcollect.weights import WeightsPayload, extract_weights
 
 logger = logging.getLogger(__name__)
@@ -311,8 +311,7 @@ class DaskCollector(BaseCollector):
         self._pass_batches = 0
         self._seed: int | None = None
         self._known_workers: set[str] = set()
-        self._counters = {"frames_lost": 0, "rollouts_lost": 0, "restarts": 0, "env_restarts": 0}
-        self._last_loss: str | None = None
+        self._failures = FailureCounters()
 
         if num_collectors is None and client is None and scheduler_file is None:
             num_collectors = CPU_COUNT
@@ -612,26 +611,14 @@ class DaskCollector(BaseCollector):
         """Counts a rollout that ended in an env error under ``on_env_error="restart"``."""
         if rollout.error is None:
             return False
-        self._counters["env_restarts"] += 1
-        self._counters["rollouts_lost"] += 1
-        self._counters["frames_lost"] += self.batch_options.frames_per_collector(self.num_collectors)
-        self._last_loss = f"collector {rollout.index}: env error, collector rebuilt:\n{rollout.error}"
+        fpc = self.batch_options.frames_per_collector(self.num_collectors)
+        self._failures.env_restarts += 1
+        self._failures.lost(
+            1, fpc, f"collector {rollout.index}: env error, collector rebuilt:\n{rollout.error}"
+        )
         logger.warning("collector %d: env error, rebuilt the collector", rollout.index)
-        self._check_restart_budget()
+        self._failures.check_budget(self.fault_options.max_collector_restarts)
         return True
-
-    def _check_restart_budget(self) -> None:
-        used = self._counters["restarts"] + self._counters["env_restarts"]
-        limit = self.fault_options.max_collector_restarts
-        if used > limit:
-            raise CollectorLostError(
-                f"Collectors were restarted {used} times, more than max_collector_restarts={limit} "
-                f"({self._counters['restarts']} lost workers or stuck rollouts, "
-                f"{self._counters['env_restarts']} env errors). Last failure: {self._last_loss}. "
-                "Fix the cause, or raise max_collector_restarts.",
-                restarts=self._counters["restarts"],
-                env_restarts=self._counters["env_restarts"],
-            )
 
     def _recover(self, lost: CollectorLost) -> Slot | None:
         """Drops a lost collector's calls whole and starts a replacement with the latest weights.
@@ -642,14 +629,9 @@ class DaskCollector(BaseCollector):
         pool, slot = self._pool, lost.slot
         live_workers(self.client)  # a lost scheduler is a ClusterConnectionError, not a restart
         dropped = pool.abandon(slot) + lost.calls
-        self._counters["rollouts_lost"] += dropped
-        self._counters["frames_lost"] += dropped * self.batch_options.frames_per_collector(
-            self.num_collectors
-        )
-        self._counters["restarts"] += 1
-        self._last_loss = f"collector {slot.index} on {slot.address}: {lost.cause}"
+        fpc = self.batch_options.frames_per_collector(self.num_collectors)
+        self._failures.lost(dropped, fpc, f"collector {slot.index} on {slot.address}: {lost.cause}")
         logger.warning("collector %d lost (%s)", slot.index, lost.cause)
-        self._check_restart_budget()
         if lost.hung:
             # A stuck actor thread blocks every later actor call on that worker: restart it.
             with contextlib.suppress(Exception):
@@ -657,12 +639,13 @@ class DaskCollector(BaseCollector):
         if self._follow and not pool.free_workers():
             # Following the cluster, which shrank (scale-down, adapt): go on with fewer
             # collectors; a worker that joins later gets one again.
-            self._counters["restarts"] -= 1
             self.num_collectors = len(pool.slots)
             logger.warning("collector %d dropped: its worker left and none is free", slot.index)
             return None
+        self._failures.restarts += 1
+        self._failures.check_budget(self.fault_options.max_collector_restarts)
         time.sleep(config.seconds("restart-delay"))
-        seed = None if self._seed is None else self._seed + 7919 * (self._counters["restarts"])
+        seed = None if self._seed is None else self._seed + 7919 * self._failures.restarts
         return pool.replace(slot, seed=seed)
 
     def stats(self) -> dict[str, Any]:
@@ -677,7 +660,7 @@ class DaskCollector(BaseCollector):
             incarnation, frames and frames/s (frames over rollout time).
         """
         out: dict[str, Any] = dict(super().stats())
-        out.update(self._counters)
+        out.update(self._failures.as_dict())
         slots = self._pool.slots if self._pool else []
         out["live_collectors"] = len(slots)
         out["collectors"] = [
