@@ -253,21 +253,6 @@ class CollectorActor:
     def load_state_dict(self, state_dict: dict) -> None:
         self._collector.load_state_dict(state_dict)
 
-    def info(self) -> dict:
-        """Small facts about this actor, for tests and monitoring."""
-        import os
-
-        return {
-            "index": self.index,
-            "uid": self.uid,
-            "worker": self._worker.address,
-            "pid": os.getpid(),
-            "rollouts": self.rollouts,
-            "frames": self.frames,
-            "policy_version": self.policy_version,
-            "env_restarts": self.env_restarts,
-        }
-
     def close(self) -> None:
         """Shuts the TorchRL collector down (envs and any sub-processes)."""
         collector, self._collector = getattr(self, "_collector", None), None
