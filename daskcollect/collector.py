@@ -545,7 +545,7 @@ class DaskCollector(BaseCollector):
                         pool.submit_rollout(replacement)
                     continue
                 if self._env_failed(rollout):
-                    pool.submit_rollout(next(s for s in pool.slots if s.index == rollout.index))
+                    pool.submit_rollout(pool.slot(rollout.index))
                     continue
                 results[rollout.index] = rollout
             yield [results[i] for i in sorted(results)]
@@ -587,7 +587,7 @@ class DaskCollector(BaseCollector):
             if self._env_failed(rollout):
                 continue
             # Re-arm before yielding, so the collector works while the driver trains.
-            slot = next(s for s in pool.slots if s.index == rollout.index)
+            slot = pool.slot(rollout.index)
             self._refresh_weights([slot])
             arm([slot], held=1)
             yield [rollout]

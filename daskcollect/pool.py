@@ -208,6 +208,10 @@ class ActorPool:
         """
         self.slots = self._launch(list(range(len(recipes))), recipes, addresses)
 
+    def slot(self, index: int) -> Slot:
+        """The live slot of collector ``index`` (indices need not be contiguous after a shrink)."""
+        return next(s for s in self.slots if s.index == index)
+
     def free_workers(self) -> list[str]:
         """Eligible workers that host none of our collectors."""
         taken = {s.address for s in self.slots}
