@@ -135,11 +135,15 @@ class MemmapLedger:
         self._order: deque[MemmapBatch] = deque()
         self._cond = threading.Condition()
 
+    def _unreleased(self) -> int:
+        # Call with self._cond held.
+        return sum(len(b.paths) for b in self._live.values())
+
     @property
     def unreleased(self) -> int:
         """Rollout folders yielded and not yet released."""
         with self._cond:
-            return sum(len(b.paths) for b in self._live.values())
+            return self._unreleased()
 
     def track(self, batch: MemmapBatch) -> MemmapBatch:
         """Registers a batch about to be yielded, and applies keep-last-K retention."""
@@ -178,7 +182,7 @@ class MemmapLedger:
         """
         deadline = time.monotonic() + timeout
         with self._cond:
-            while sum(len(b.paths) for b in self._live.values()) + in_flight + needed > self.max_unreleased:
+            while self._unreleased() + in_flight + needed > self.max_unreleased:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise CollectorTimeoutError(
