@@ -29,13 +29,14 @@ from torchrl.collectors import BaseCollector, Collector, MultiAsyncCollector, Mu
 from torchrl.collectors._constants import DEFAULT_EXPLORATION_TYPE
 from torchrl.collectors.utils import split_trajectories
 
-from daskcollect import config
+from daskcollect import config, retirement
 from daskcollect.actor import ActorSpec, Rollout
 from daskcollect.cluster import ClusterHandle, connect, eligible_workers, live_workers, wait_for_workers
 from daskcollect.errors import (
     CollectorClosedError,
     ConfigurationError,
     EndlessCollectionError,
+    NotEnoughWorkersError,
 )
 from daskcollect.memmap import MemmapBatch, MemmapLedger, describe_parts
 from daskcollect.options import BatchOptions, ClusterOptions, FaultOptions, OutputOptions, WeightOptions
@@ -322,7 +323,7 @@ class DaskCollector(BaseCollector):
             if num_collectors is None:
                 wait_for_workers(client_, 1, worker_resources, config.timeout("workers"))
                 num_collectors = len(eligible_workers(client_, worker_resources))
-            self.num_collectors = num_collectors
+            self.num_collectors = self._requested = num_collectors
             if self.output_options.memmap and sync and max_unreleased < num_collectors:
                 raise ConfigurationError(
                     f"max_unreleased={max_unreleased} is below num_collectors={num_collectors}: a sync "
@@ -364,6 +365,7 @@ class DaskCollector(BaseCollector):
                 ),
                 name=self._plugin_name,
             )
+            retirement.register(client_)
             addresses = wait_for_workers(client_, num_collectors, worker_resources, config.timeout("workers"))
             if self.output_options.memmap:
                 options = self.output_options
@@ -529,26 +531,30 @@ class DaskCollector(BaseCollector):
         pool = self._pool
         timeout = config.timeout("rollout")
         while self._remaining() is None or self._remaining() > 0:
+            self._settle_retired(wait=True)
             self._maybe_grow()
             self._refresh_weights(pool.slots)
             self._wait_for_room(len(pool.slots))
-            for slot in pool.slots:
-                pool.submit_rollout(slot)
+            # A collector whose worker is retiring takes no call (submit returns False).
+            expected = {s.index for s in list(pool.slots) if pool.submit_rollout(s)}
             results: dict[int, Rollout] = {}
-            while len(results) < len(pool.slots):
+            while expected - results.keys():
                 try:
                     rollout = pool.next_rollout(timeout)
                 except CollectorLost as lost:
                     # Keep the batch shape: the replacement re-collects the lost share.
                     replacement = self._recover(lost)
-                    if replacement is not None:
-                        pool.submit_rollout(replacement)
+                    if replacement is None or not pool.submit_rollout(replacement):
+                        expected.discard(lost.slot.index)
                     continue
                 if self._env_failed(rollout):
-                    pool.submit_rollout(pool.slot(rollout.index))
+                    slot = pool.slot(rollout.index)
+                    if slot is None or not pool.submit_rollout(slot):
+                        expected.discard(rollout.index)
                     continue
                 results[rollout.index] = rollout
-            yield [results[i] for i in sorted(results)]
+            if results:
+                yield [results[i] for i in sorted(results)]
 
     def _async_rollouts(self) -> Iterator[list[Rollout]]:
         pool = self._pool
@@ -572,6 +578,7 @@ class DaskCollector(BaseCollector):
 
         self._refresh_weights([s for s in pool.slots if not pool.inflight_count(s)])
         while True:
+            self._settle_retired(wait=False)
             arm(pool.slots, held=0)
             remaining = self._remaining()
             if remaining is not None and remaining <= 0:
@@ -588,23 +595,70 @@ class DaskCollector(BaseCollector):
                 continue
             # Re-arm before yielding, so the collector works while the driver trains.
             slot = pool.slot(rollout.index)
-            self._refresh_weights([slot])
-            arm([slot], held=1)
+            if slot is not None and not slot.retiring:
+                self._refresh_weights([slot])
+                arm([slot], held=1)
             yield [rollout]
             self._maybe_grow()
 
     def _maybe_grow(self) -> None:
-        """In follow mode, starts a collector on every eligible worker that joined."""
-        if not self._follow:
-            return
-        alive = live_workers(self.client)  # one light RPC per batch
-        if alive <= self._known_workers:
-            return
-        self._known_workers = alive
-        new = self._pool.grow(self._pool.free_workers())
+        """Starts collectors on free workers: every one that joined in follow mode,
+        and in fixed mode those that bring the count back to ``num_collectors``.
+
+        With no collector left (every worker retired or lost), waits (bounded by
+        ``daskcollect.timeouts.workers``) for a worker to join.
+
+        Raises:
+            NotEnoughWorkersError: If no collector can be started in that time.
+        """
+        self._grow_once()
+        timeout = config.timeout("workers")
+        deadline = time.monotonic() + timeout
+        while not self._pool.slots:
+            if time.monotonic() > deadline:
+                raise NotEnoughWorkersError(
+                    f"Every collector's worker left and no eligible worker joined within {timeout:g}s. "
+                    "Add workers, or raise daskcollect.timeouts.workers.",
+                    needed=1,
+                    found=0,
+                )
+            time.sleep(0.2)
+            self._known_workers = set()  # look again
+            self._grow_once()
+
+    def _grow_once(self) -> None:
+        pool = self._pool
+        if self._follow:
+            alive = live_workers(self.client)  # one light RPC per batch
+            if alive <= self._known_workers:
+                return
+            self._known_workers = alive
+            new = pool.grow(pool.free_workers())
+        else:
+            missing = sorted(set(range(self._requested)) - {s.index for s in pool.slots})
+            if not missing:
+                return
+            free = pool.free_workers()[: len(missing)]
+            new = pool.grow(free, missing[: len(free)])
         if new:
-            self.num_collectors = len(self._pool.slots)
+            self.num_collectors = len(pool.slots)
             logger.info("started collectors %s on joining workers", [s.index for s in new])
+
+    def _settle_retired(self, wait: bool) -> None:
+        """Counts collectors released because their worker retired; replaces them in fixed mode.
+
+        Their batches were all delivered, so nothing is lost and no restart is
+        counted. In fixed mode a free worker, when there is one, takes over the
+        index at once; otherwise the collection goes on with fewer collectors
+        until a worker joins (see :meth:`_maybe_grow`).
+        """
+        gone = self._pool.take_retired(wait)
+        if gone:
+            self._failures.retired += len(gone)
+            logger.info("collectors %s closed: their workers retired", [s.index for s in gone])
+            self.num_collectors = len(self._pool.slots)
+        if gone or not self._pool.slots:
+            self._maybe_grow()
 
     # --- failures -----------------------------------------------------------
     def _env_failed(self, rollout: Rollout) -> bool:
@@ -656,6 +710,7 @@ class DaskCollector(BaseCollector):
             ``frames_lost`` (frames of rollouts dropped whole), ``rollouts_lost``,
             ``restarts`` (collectors replaced after a lost worker or a stuck
             rollout), ``env_restarts`` (``on_env_error="restart"`` rebuilds),
+            ``retired`` (collectors closed, losing nothing, as their worker retired),
             ``live_collectors``, and ``collectors``: per collector, its worker,
             incarnation, frames and frames/s (frames over rollout time).
         """

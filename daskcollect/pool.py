@@ -5,13 +5,21 @@ by a timeout from :mod:`daskcollect.config`; a collector whose worker is gone
 (failed call, worker removed from the scheduler) or whose rollout outran its
 timeout is reported as :class:`CollectorLost`, its calls in flight are dropped
 whole, and :meth:`ActorPool.replace` starts a new incarnation elsewhere.
+
+A worker that retires gracefully is announced by the scheduler plugin of
+:mod:`daskcollect.retirement`. Its collector gets no new calls, finishes those
+in flight (their batches are kept), is closed and released on the client's
+event loop, and is then handed to the iteration code by :meth:`ActorPool.take_retired`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
+import logging
 import queue
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -31,7 +39,10 @@ from daskcollect.errors import (
     NotEnoughWorkersError,
     RolloutError,
 )
+from daskcollect.retirement import ACTOR_KEY_PREFIX, TOPIC
 from daskcollect.weights import WeightsPayload, WeightsRef
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -49,6 +60,8 @@ class Slot:
             with their future until a call carrying them completes.
         batches_since_update: Batches produced since the last weights update.
         frames: Frames this slot delivered, and ``seconds`` the rollouts took.
+        retiring: Its worker is retiring gracefully: no new calls.
+        retired: Its actor has been closed and released.
     """
 
     index: int
@@ -61,6 +74,8 @@ class Slot:
     batches_since_update: int = 0
     frames: int = 0
     seconds: float = 0.0
+    retiring: bool = False
+    retired: bool = False
 
 
 @dataclass
@@ -130,6 +145,12 @@ class ActorPool:
         # The latest weights sent to each collector index, and to anyone, for new actors.
         self._latest: dict[int, tuple[WeightsRef, Future]] = {}
         self._newest: tuple[WeightsRef, Future] | None = None
+        self._recipes: dict[int, bytes] = {}
+        # Graceful retirement: the event loop thread marks and releases slots,
+        # the iteration thread submits calls; this lock orders the two.
+        self._lock = threading.Lock()
+        self.retiring: set[str] = set()
+        client.subscribe_topic(TOPIC, self._on_retiring)
 
     # --- start -------------------------------------------------------------
     def _launch(
@@ -160,7 +181,7 @@ class ActorPool:
                     workers=[address],
                     allow_other_workers=False,
                     pure=False,
-                    key=f"daskcollect-actor-{self._token}-{uid}",
+                    key=f"{ACTOR_KEY_PREFIX}{self._token}-{uid}",
                 )
             )
         timeout = config.timeout("actor-start")
@@ -206,15 +227,16 @@ class ActorPool:
             CollectorTimeoutError: If a collector is not built within
                 ``daskcollect.timeouts.actor-start``.
         """
+        self._recipes = dict(enumerate(recipes))
         self.slots = self._launch(list(range(len(recipes))), recipes, addresses)
 
-    def slot(self, index: int) -> Slot:
+    def slot(self, index: int) -> Slot | None:
         """The live slot of collector ``index`` (indices need not be contiguous after a shrink)."""
-        return next(s for s in self.slots if s.index == index)
+        return next((s for s in self.slots if s.index == index), None)
 
     def free_workers(self) -> list[str]:
-        """Eligible workers that host none of our collectors."""
-        taken = {s.address for s in self.slots}
+        """Eligible workers that host none of our collectors and are not retiring."""
+        taken = {s.address for s in self.slots} | self.retiring
         return [a for a in eligible_workers(self.client, self.resources) if a not in taken]
 
     def replace(self, lost: Slot, seed: int | None = None) -> Slot:
@@ -244,14 +266,22 @@ class ActorPool:
         self.slots = sorted([s for s in self.slots if s is not lost] + [slot], key=lambda s: s.index)
         return slot
 
-    def grow(self, addresses: list[str]) -> list[Slot]:
-        """Starts new collectors (new indices, the first collector's recipe) on ``addresses``."""
-        first = self.slots[0] if self.slots else None
-        if first is None or not addresses:
+    def grow(self, addresses: list[str], indices: list[int] | None = None) -> list[Slot]:
+        """Starts collectors on ``addresses``.
+
+        Args:
+            addresses: One worker per new collector.
+            indices: Their collector indices (their own recipes); by default new
+                indices after the highest, with collector 0's recipe.
+        """
+        if not addresses or not self._recipes:
             return []
-        start = max(s.index for s in self.slots) + 1
-        indices = list(range(start, start + len(addresses)))
-        new = self._launch(indices, [first.recipe] * len(addresses), addresses)
+        if indices is None:
+            start = max(self._recipes) + 1
+            indices = list(range(start, start + len(addresses)))
+        recipes = [self._recipes.get(i, self._recipes[0]) for i in indices]
+        new = self._launch(indices, recipes, addresses)
+        self._recipes.update(zip(indices, recipes))
         for slot in new:
             self._send_latest_weights(slot)
         self.slots = sorted(self.slots + new, key=lambda s: s.index)
@@ -301,24 +331,81 @@ class ActorPool:
         return pending
 
     # --- rollouts ----------------------------------------------------------
-    def submit_rollout(self, slot: Slot) -> None:
-        """Starts a rollout on ``slot`` (weights included when newer ones are pending)."""
-        pending = slot.pending
-        try:
-            call = slot.actor.rollout(pending[0] if pending else None)
-        except Exception as exc:  # e.g. "Worker holding Actor was lost": report it as a failed call
-            call = _FailedCall(exc)
-            self._inflight[call] = InFlight(slot, call, pending)
-            self._completed.put(call)
-            return
-        self._inflight[call] = InFlight(slot, call, pending)
-        self.client.loop.add_callback(self._watch, call)
+    def submit_rollout(self, slot: Slot) -> bool:
+        """Starts a rollout on ``slot`` (weights included when newer ones are pending).
 
-    async def _watch(self, call: BaseActorFuture) -> None:
+        Returns:
+            ``False`` (nothing sent) if the slot's worker is retiring.
+        """
+        pending = slot.pending
+        with self._lock:
+            if slot.retiring:
+                return False
+            try:
+                call = slot.actor.rollout(pending[0] if pending else None)
+            except Exception as exc:  # e.g. "Worker holding Actor was lost": report it as a failed call
+                call = _FailedCall(exc)
+                self._inflight[call] = InFlight(slot, call, pending)
+                self._completed.put(call)
+                return True
+            self._inflight[call] = InFlight(slot, call, pending)
+        self.client.loop.add_callback(self._watch, call, slot)
+        return True
+
+    async def _watch(self, call: BaseActorFuture, slot: Slot) -> None:
         """Runs on the client's event loop: queues ``call`` once it has finished."""
         with contextlib.suppress(BaseException):
             await call
         self._completed.put(call)
+        if slot.retiring:
+            await self._release_if_idle(slot)
+
+    # --- graceful retirement (client event loop) ---------------------------------
+    async def _on_retiring(self, event: tuple[float, dict]) -> None:
+        """Handles the scheduler plugin's announcement of workers about to retire."""
+        _, msg = event
+        addresses = set(msg.get("workers", ()))
+        with self._lock:
+            self.retiring |= addresses
+            slots = [s for s in self.slots if s.address in addresses]
+            for slot in slots:
+                slot.retiring = True
+        for slot in slots:
+            await self._release_if_idle(slot)
+
+    async def _release_if_idle(self, slot: Slot) -> None:
+        """Closes and releases a retiring slot's actor once no call of it runs."""
+        with self._lock:
+            running = any(f.slot is slot and not f.call.done() for f in self._inflight.values())
+            if slot.retired or running:
+                return
+            slot.retired = True
+        try:
+            await asyncio.wait_for(slot.actor.close(), config.timeout("call"))
+        except Exception as exc:  # the worker may already be closing: releasing is what matters
+            logger.debug("closing retiring collector %d: %s", slot.index, exc)
+        await self.client._cancel([slot.future], reason="daskcollect: worker retiring")
+        logger.info("collector %d released: its worker %s is retiring", slot.index, slot.address)
+
+    def take_retired(self, wait: bool) -> list[Slot]:
+        """Removes and returns the slots released for a graceful retirement.
+
+        Args:
+            wait: Also wait (bounded) for retiring slots with no call running
+                to be released, so that none is left half-way (sync mode).
+        """
+        deadline = time.monotonic() + config.timeout("call")
+        while wait and time.monotonic() < deadline:
+            with self._lock:
+                busy = {f.slot for f in self._inflight.values() if not f.call.done()}
+                waiting = [s for s in self.slots if s.retiring and not s.retired and s not in busy]
+            if not waiting:
+                break
+            time.sleep(0.02)
+        with self._lock:
+            gone = [s for s in self.slots if s.retired]
+            self.slots = [s for s in self.slots if not s.retired]
+        return gone
 
     @property
     def num_inflight(self) -> int:
@@ -331,7 +418,8 @@ class ActorPool:
     def _check_liveness(self, timeout: float) -> None:
         """Raises :class:`CollectorLost` for a stuck rollout or a worker gone from the scheduler."""
         now = time.monotonic()
-        for flight in self._inflight.values():
+        running = [f for f in self._inflight.values() if not f.call.done()]
+        for flight in running:
             if now - flight.started > timeout:
                 raise CollectorLost(
                     flight.slot,
@@ -343,7 +431,8 @@ class ActorPool:
             return
         self._next_liveness = now + config.seconds("liveness-interval")
         alive = live_workers(self.client)
-        busy = {f.slot.address: f.slot for f in self._inflight.values()}
+        self.retiring &= alive  # a retired worker that left may come back under its address
+        busy = {f.slot.address: f.slot for f in running}
         for address, slot in busy.items():
             if address not in alive:
                 raise CollectorLost(slot, f"its worker {address} left the cluster")
@@ -407,6 +496,8 @@ class ActorPool:
     # --- close -------------------------------------------------------------
     def close(self, timeout: float) -> None:
         """Closes every actor's collector, then deletes the actors (bounded)."""
+        with contextlib.suppress(Exception):
+            self.client.unsubscribe_topic(TOPIC)
         self.drain(timeout / 2)
         deadline = time.monotonic() + timeout / 2
         calls = []

@@ -17,6 +17,8 @@ class FailureCounters:
         rollouts_lost: Those calls.
         restarts: Collectors replaced after a lost worker or a stuck rollout.
         env_restarts: Collectors rebuilt after an env error (``on_env_error="restart"``).
+        retired: Collectors closed because their worker retired gracefully
+            (scale-down, ``adapt``, ``--lifetime``); they lose nothing.
         last_failure: What happened last, for error messages.
     """
 
@@ -24,6 +26,7 @@ class FailureCounters:
     rollouts_lost: int = 0
     restarts: int = 0
     env_restarts: int = 0
+    retired: int = 0
     last_failure: str | None = None
 
     def lost(self, rollouts: int, frames_each: int, cause: str) -> None:

@@ -220,9 +220,19 @@ def test_auto_needs_a_single_constructor(client):
         )
 
 
+def retire_events(client: Client) -> tuple[list[str], list[str]]:
+    """Workers the scheduler retired, and those it refused to retire."""
+    retired, refused = [], []
+    for _, msg in client.get_events("all"):
+        if isinstance(msg, dict) and msg.get("action") == "retire-workers":
+            retired += list(msg["retired"])
+            refused += list(msg["could-not-retire"])
+    return retired, refused
+
+
 @pytest.mark.parametrize("sync", [True, False])
 def test_follows_the_cluster_when_it_shrinks(make_cluster, sync):
-    """Scale-down kills a worker that holds a collector (Dask cannot retire it): no error, go on."""
+    """Scale-down retires a collector's worker gracefully: its rollouts are delivered, nothing is lost."""
     cluster = make_cluster(n_workers=3)
     with Client(cluster, set_as_default=False) as client, dask.config.set(FAST):
         with DaskCollector(
@@ -233,7 +243,54 @@ def test_follows_the_cluster_when_it_shrinks(make_cluster, sync):
             cluster.scale(2)
             batches += [next(it) for _ in range(20)]
             stats = collector.stats()
-    assert stats["live_collectors"] == 2 and stats["restarts"] == 0
+    assert stats["live_collectors"] == 2 and stats["retired"] == 1
+    assert stats["restarts"] == 0 and stats["rollouts_lost"] == 0 and stats["frames_lost"] == 0
     if sync:
         assert batches[-1].batch_size == torch.Size([2, 30])
     check_no_duplicates(batches, per_rollout_frames=30 if sync else 90)
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_retire_workers_moves_the_collector_to_a_free_worker(make_cluster, sync):
+    """Client.retire_workers on a collector's worker: Dask retires it, a free worker takes over the index."""
+    cluster = make_cluster(n_workers=3)
+    with Client(cluster, set_as_default=False) as client, dask.config.set(FAST):
+        with DaskCollector(
+            make_cartpole, num_collectors=2, frames_per_batch=100, total_frames=-1, sync=sync, client=client
+        ) as collector:  # fmt: skip
+            it = iter(collector)
+            batches = [next(it) for _ in range(3)]
+            leaving = collector.workers[1]
+            client.retire_workers([leaving], close_workers=True)
+            batches += [next(it) for _ in range(10)]
+            stats = collector.stats()
+            workers = collector.workers
+        retired, refused = retire_events(client)
+    assert retired == [leaving] and not refused, "Dask retired the worker instead of refusing it"
+    assert leaving not in workers and len(workers) == 2
+    assert stats["retired"] == 1 and stats["restarts"] == 0 and stats["rollouts_lost"] == 0
+    if sync:
+        assert all(b.batch_size == torch.Size([2, 50]) for b in batches)  # the shape is kept
+    check_no_duplicates(batches, per_rollout_frames=50 if sync else 100)
+
+
+def test_worker_lifetime_restarts_lose_nothing(make_cluster):
+    """Workers started with --lifetime retire and come back; the collectors follow, losing no rollout."""
+    cluster = make_cluster(n_workers=2, lifetime="5s", lifetime_stagger="0s", lifetime_restart=True)
+    with Client(cluster, set_as_default=False) as client, dask.config.set(FAST):
+        first = set(client.scheduler_info()["workers"])
+        with DaskCollector(
+            make_cartpole, num_collectors=2, frames_per_batch=100, total_frames=-1, client=client
+        ) as collector:  # fmt: skip
+            batches, deadline = [], time.monotonic() + 60
+            for batch in collector:
+                batches.append(batch)
+                if (collector.stats()["retired"] >= 2 and not set(collector.workers) & first) or (
+                    time.monotonic() > deadline
+                ):
+                    break
+            batches += [b for b, _ in zip(collector, range(4))]
+            stats = collector.stats()
+    assert stats["retired"] >= 2 and not set(collector.workers) & first, stats
+    assert stats["live_collectors"] == 2 and stats["restarts"] == 0 and stats["rollouts_lost"] == 0
+    check_no_duplicates(batches, per_rollout_frames=100)
