@@ -5,11 +5,15 @@ Examples:
     daskcollect run --env Pendulum-v1 --collectors 4 --frames 100000 --sync
     daskcollect run --env CartPole-v1 --scheduler tcp://127.0.0.1:8786 --frames 50000
     daskcollect run --env CartPole-v1 --worker-env OMP_NUM_THREADS=1 --frames 10000
+    daskcollect run --env CartPole-v1 --memmap-dir /shared/rollouts --frames 50000
+
+Exit codes: 0 done, 1 error (one line on stderr), 2 bad arguments, 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import warnings
@@ -78,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K=V",
         help="an environment variable for the workers (repeatable)",
     )
+    run.add_argument(
+        "--memmap-dir",
+        default=None,
+        metavar="D",
+        help="workers write rollouts as memory maps under D (a folder every worker and this "
+        "machine can reach); the batches are counted and released",
+    )
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -99,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
     from daskcollect import DaskCollector
 
     _check_env_id(args.env)
+    if args.memmap_dir:
+        os.makedirs(args.memmap_dir, exist_ok=True)
     start = time.perf_counter()
     collector = DaskCollector(
         GymEnvMaker(args.env),
@@ -109,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
         client=args.scheduler,
         scheduler_file=args.scheduler_file,
         worker_env=dict(args.worker_env),
+        output="memmap" if args.memmap_dir else "tensordict",
+        memmap_dir=args.memmap_dir,
     )
     with collector:
         ready = time.perf_counter()
@@ -117,12 +132,18 @@ def run(args: argparse.Namespace) -> int:
         bar = tqdm(total=args.frames, unit="frames", unit_scale=True, disable=args.no_progress, smoothing=0.1)
         frames = batches = 0
         for batch in collector:
-            frames += batch.numel()
+            n = batch.numel()
+            if args.memmap_dir:
+                batch.release()  # a MemmapBatch handle: its folder can go
+            frames += n
             batches += 1
-            bar.update(min(batch.numel(), bar.total - bar.n))
-            bar.set_postfix(batches=batches, policy_version=collector.policy_version, refresh=False)
+            bar.update(min(n, bar.total - bar.n))
+            stats = collector.stats()
+            bar.set_postfix(batches=batches, restarts=stats["restarts"], collectors=stats["live_collectors"],
+                            refresh=False)  # fmt: skip
         bar.close()
         seconds = time.perf_counter() - ready
+        stats = collector.stats()
     rows = [
         ("env", args.env),
         ("mode", "sync" if args.sync else "async"),
@@ -132,6 +153,9 @@ def run(args: argparse.Namespace) -> int:
         ("start-up (s)", f"{ready - start:.1f}"),
         ("collection (s)", f"{seconds:.1f}"),
         ("frames/s", f"{frames / seconds:,.0f}"),
+        ("restarts", stats["restarts"]),
+        ("frames lost", stats["frames_lost"]),
+        ("output", f"memmap in {args.memmap_dir}" if args.memmap_dir else "tensordict"),
     ]
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))

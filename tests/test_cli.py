@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -70,3 +71,17 @@ def test_console_script_main_job():
     assert "--help" not in out.stderr
     help_out = subprocess.run([exe, "run", "--help"], capture_output=True, text=True, timeout=60)
     assert "Examples:" in help_out.stdout and "--scheduler" in help_out.stdout
+
+
+def test_memmap_dir_and_scheduler_file(cluster, tmp_path, capsys):
+    sched = tmp_path / "scheduler.json"
+    sched.write_text(json.dumps({"address": cluster.scheduler_address}))
+    out_dir = tmp_path / "rollouts"
+    code = main(["run", "--env", "CartPole-v1", "--frames", "2000", "--frames-per-batch", "500",
+                 "--scheduler-file", str(sched), "--memmap-dir", str(out_dir), "--no-progress"])  # fmt: skip
+    captured = capsys.readouterr()
+    out = captured.out
+    assert code == EXIT_OK, captured.err
+    assert "frames          2000" in out and f"memmap in {out_dir}" in out
+    assert "restarts        0" in out
+    assert os.path.isdir(out_dir) and not os.listdir(out_dir)  # every batch released, folders gone
