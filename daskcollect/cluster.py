@@ -115,11 +115,20 @@ def _connect_existing(options: ClusterOptions, timeout: float) -> ClusterHandle:
         )
     try:
         client = Client(address, **kwargs)
-    except (OSError, TimeoutError, ValueError) as exc:
+    except (OSError, TimeoutError, ValueError, TypeError) as exc:
+        if str(address).startswith("tls://") and kwargs.get("security") is None:
+            hint = (
+                "The scheduler speaks TLS and no certificates were given: pass "
+                "security=distributed.security.Security(tls_ca_file=..., tls_client_cert=..., "
+                "tls_client_key=..., require_encryption=True), or a Client built with them."
+            )
+        else:
+            hint = (
+                "Check that the scheduler is running and reachable from here (address, port, "
+                "TLS settings), or raise daskcollect.timeouts.connect."
+            )
         raise ClusterConnectionError(
-            f"Could not connect to {where} within {timeout:g}s ({type(exc).__name__}: {exc}). "
-            "Check that the scheduler is running and reachable from here (address, port, "
-            "TLS settings), or raise daskcollect.timeouts.connect.",
+            f"Could not connect to {where} within {timeout:g}s ({type(exc).__name__}: {exc}). {hint}",
             address=address,
         ) from exc
     return ClusterHandle(client)

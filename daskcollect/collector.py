@@ -15,7 +15,10 @@ with rollouts in completion order (see :class:`~daskcollect.pool.ActorPool`):
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import os
+import socket
 import time
 import warnings
 from collections import OrderedDict
@@ -29,7 +32,7 @@ from torchrl.collectors import BaseCollector, Collector, MultiAsyncCollector, Mu
 from torchrl.collectors._constants import DEFAULT_EXPLORATION_TYPE
 from torchrl.collectors.utils import split_trajectories
 
-from daskcollect import config, retirement
+from daskcollect import config, dashboard, retirement
 from daskcollect.actor import ActorSpec, Rollout
 from daskcollect.cluster import ClusterHandle, connect, eligible_workers, live_workers, wait_for_workers
 from daskcollect.errors import (
@@ -312,6 +315,9 @@ class DaskCollector(BaseCollector):
         self._pass_batches = 0
         self._seed: int | None = None
         self._known_workers: set[str] = set()
+        self._report_id = f"{socket.gethostname()}-{os.getpid()}-{id(self) & 0xFFFFFF:06x}"
+        self._next_report = 0.0
+        self._started = time.monotonic()
         self._failures = FailureCounters()
 
         if num_collectors is None and client is None and scheduler_file is None:
@@ -366,6 +372,7 @@ class DaskCollector(BaseCollector):
                 name=self._plugin_name,
             )
             retirement.register(client_)
+            dashboard.register(client_)
             addresses = wait_for_workers(client_, num_collectors, worker_resources, config.timeout("workers"))
             if self.output_options.memmap:
                 options = self.output_options
@@ -383,6 +390,8 @@ class DaskCollector(BaseCollector):
             self._pool.start(recipes, addresses[:num_collectors])
             if seed is not None:
                 self.set_seed(seed)
+            self._started = time.monotonic()
+            self._report("ready", force=True)
         except BaseException:
             self.shutdown()
             raise
@@ -489,6 +498,7 @@ class DaskCollector(BaseCollector):
             self._iter += 1
             self._pass_batches += 1
             self._frames += sum(r.frames for r in rollouts)
+            self._report()
             yield self._emit(rollouts)
 
     def _emit(self, rollouts: list[Rollout]) -> TensorDictBase | MemmapBatch | None:
@@ -718,17 +728,46 @@ class DaskCollector(BaseCollector):
         out.update(self._failures.as_dict())
         slots = self._pool.slots if self._pool else []
         out["live_collectors"] = len(slots)
+        busy = self._pool.busy_slots() if self._pool else set()
         out["collectors"] = [
             {
                 "index": s.index,
                 "worker": s.address,
                 "collector_id": s.uid,
+                "state": "retiring" if s.retiring else "collecting" if s.index in busy else "idle",
+                "rollouts": s.rollouts,
                 "frames": s.frames,
                 "fps": s.frames / s.seconds if s.seconds else 0.0,
+                "policy_version": s.policy_version,
             }
             for s in slots
         ]
         return out
+
+    def _report(self, state: str = "collecting", force: bool = False) -> None:
+        """Sends a stats snapshot to the scheduler's dashboard page (throttled, never blocking)."""
+        now = time.monotonic()
+        if self.client is None or (not force and now < self._next_report):
+            return
+        self._next_report = now + config.seconds("dashboard.report-interval")
+        try:
+            stats = self.stats()
+            elapsed = now - self._started
+            msg = {
+                **{k: v for k, v in stats.items() if isinstance(v, (int, float, str, list)) or v is None},
+                "id": self._report_id,
+                "name": f"DaskCollector {self._report_id}",
+                "mode": "sync" if self.batch_options.sync else "async",
+                "state": state,
+                "fps": self._frames / elapsed if elapsed > 0 else 0.0,
+            }
+            log = functools.partial(self.client.scheduler.log_event, topic=dashboard.TOPIC, msg=msg)
+            if force:  # at shutdown: deliver it before the client goes (bounded)
+                self.client.sync(log, callback_timeout=config.timeout("call"))
+            else:
+                self.client.loop.add_callback(log)
+        except Exception as exc:  # monitoring must never break a collection
+            logger.debug("could not report to the dashboard: %s", exc)
 
     # --- weights ------------------------------------------------------------
     def _refresh_weights(self, slots: list[Slot]) -> None:
@@ -867,6 +906,7 @@ class DaskCollector(BaseCollector):
         self._closed = True
         timeout = config.timeout("shutdown") if timeout is None else timeout
         if self._pool is not None:
+            self._report("closed", force=True)
             self._pool.close(timeout)
         if self._ledger is not None:
             self._ledger.close()

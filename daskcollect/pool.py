@@ -60,6 +60,8 @@ class Slot:
             with their future until a call carrying them completes.
         batches_since_update: Batches produced since the last weights update.
         frames: Frames this slot delivered, and ``seconds`` the rollouts took.
+        rollouts: Rollouts this slot delivered; ``policy_version`` the weights
+            version of the last one.
         retiring: Its worker is retiring gracefully: no new calls.
         retired: Its actor has been closed and released.
     """
@@ -74,6 +76,8 @@ class Slot:
     batches_since_update: int = 0
     frames: int = 0
     seconds: float = 0.0
+    rollouts: int = 0
+    policy_version: int = 0
     retiring: bool = False
     retired: bool = False
 
@@ -411,6 +415,10 @@ class ActorPool:
     def num_inflight(self) -> int:
         return len(self._inflight)
 
+    def busy_slots(self) -> set[int]:
+        """Indices of the collectors with a rollout running now."""
+        return {f.slot.index for f in list(self._inflight.values()) if not f.call.done()}
+
     def inflight_count(self, slot: Slot) -> int:
         """Rollout calls in flight on ``slot``."""
         return sum(f.slot is slot for f in self._inflight.values())
@@ -469,6 +477,8 @@ class ActorPool:
             slot.batches_since_update += 1
             slot.frames += out.frames
             slot.seconds += out.seconds
+            slot.rollouts += 1
+            slot.policy_version = out.policy_version
             return out
 
     def drain(self, timeout: float) -> None:

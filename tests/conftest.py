@@ -52,6 +52,13 @@ def cluster():
         yield c
 
 
+@pytest.fixture(scope="module")
+def tls_cluster():
+    """A 2-worker LocalCluster on tls:// (Security.temporary(): a throwaway CA and certificate)."""
+    with _local_cluster(security=True) as c:
+        yield c
+
+
 @pytest.fixture
 def client(cluster):
     """A user's Client on the shared cluster (never closed by daskcollect)."""

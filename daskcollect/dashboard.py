@@ -1,0 +1,223 @@
+"""Collectors on the Dask dashboard: a page at ``/daskcollect`` and Prometheus metrics at ``/metrics``.
+
+Actor calls never pass through the scheduler, so Dask's own pages cannot show
+them. Each ``DaskCollector`` sends a snapshot of its :meth:`stats` to the
+scheduler as a Dask event (topic :data:`TOPIC`, at most once per
+``daskcollect.dashboard.report-interval``), and the scheduler plugin
+:class:`CollectorMonitor` keeps the latest snapshot of each collection. It
+serves them on the dashboard's own HTTP server (same host and port):
+
+- ``/daskcollect``: an HTML page (refreshing itself) with one table of totals
+  per collection and one row per collector;
+- ``/daskcollect/json``: the same snapshots as JSON;
+- ``/metrics``: ``daskcollect_*`` series beside Dask's own Prometheus metrics
+  (with ``prometheus_client`` installed, as for Dask's).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+import weakref
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+from tornado import web
+
+TOPIC = "daskcollect-stats"
+PLUGIN_NAME = "daskcollect-monitor"
+PATH = "/daskcollect"
+
+_STYLE = """
+body { font-family: Helvetica, Arial, sans-serif; margin: 1.5em; color: #222; }
+h1 { font-size: 1.3em; } h2 { font-size: 1.1em; margin-top: 1.5em; }
+table { border-collapse: collapse; margin: 0.5em 0; }
+th, td { border-bottom: 1px solid #ddd; padding: 0.3em 0.8em; text-align: right; }
+th { background: #f4f4f4; } td.l, th.l { text-align: left; }
+.closed { color: #888; }
+"""
+
+
+class CollectorMonitor(SchedulerPlugin):
+    """Keeps each collection's latest stats and serves them (page, JSON, Prometheus)."""
+
+    name = PLUGIN_NAME
+    idempotent = True
+
+    def __init__(self) -> None:
+        self.collections: dict[str, dict[str, Any]] = {}
+
+    async def start(self, scheduler: Any) -> None:
+        app = getattr(scheduler, "http_application", None)
+        if app is not None:  # no dashboard server (dashboard disabled): nothing to serve
+            app.add_handlers(
+                r".*$",
+                [
+                    (PATH + r"/?", _PageHandler, {"monitor": self}),
+                    (PATH + r"/json", _JsonHandler, {"monitor": self}),
+                ],
+            )
+        metrics = _PrometheusCollector.installed()
+        if metrics is not None:
+            metrics.monitors.add(self)
+
+    async def close(self) -> None:
+        metrics = _PrometheusCollector.installed()
+        if metrics is not None:
+            metrics.monitors.discard(self)
+
+    def log_event(self, topic: str, msg: Any) -> None:
+        if topic == TOPIC and isinstance(msg, dict) and "id" in msg:
+            self.collections[msg["id"]] = {**msg, "received": time.time()}
+            # Closed collections stay visible, but only the last 20 of them.
+            closed = [k for k, v in self.collections.items() if v.get("state") == "closed"]
+            for key in closed[:-20]:
+                del self.collections[key]
+
+    def render(self) -> str:
+        """The ``/daskcollect`` page."""
+        parts = [
+            "<!DOCTYPE html><html><head><meta charset='utf-8'>",
+            "<meta http-equiv='refresh' content='2'><title>daskcollect</title>",
+            f"<style>{_STYLE}</style></head><body><h1>daskcollect: collectors</h1>",
+        ]
+        if not self.collections:
+            parts.append("<p id='empty'>No collection has reported yet.</p>")
+        for cid, c in sorted(self.collections.items(), key=lambda kv: -kv[1]["received"]):
+            cls = " class='closed'" if c.get("state") == "closed" else ""
+            parts.append(f"<h2{cls}>{_e(c.get('name', cid))} ({_e(c.get('state', '?'))})</h2>")
+            totals = [
+                ("mode", c.get("mode")), ("frames", c.get("frames")), ("total frames", c.get("total_frames")),
+                ("frames/s", _num(c.get("fps"))), ("live collectors", c.get("live_collectors")),
+                ("restarts", c.get("restarts")), ("frames lost", c.get("frames_lost")),
+                ("retired", c.get("retired")), ("policy version", c.get("policy_version")),
+            ]  # fmt: skip
+            parts.append(f"<table class='totals' data-collection='{_e(cid)}'><tr>")
+            parts.append("".join(f"<th>{_e(k)}</th>" for k, _ in totals) + "</tr><tr>")
+            parts.append("".join(f"<td>{_e(v)}</td>" for _, v in totals) + "</tr></table>")
+            head = [
+                "collector",
+                "worker",
+                "incarnation",
+                "state",
+                "rollouts",
+                "frames",
+                "frames/s",
+                "policy version",
+            ]
+            parts.append("<table class='collectors'><tr>")
+            parts.append(
+                "".join(f"<th{' class=l' if h == 'worker' else ''}>{h}</th>" for h in head) + "</tr>"
+            )
+            for row in c.get("collectors", []):
+                cells = [row.get("index"), row.get("worker"), row.get("collector_id"), row.get("state"),
+                         row.get("rollouts"), row.get("frames"), _num(row.get("fps")),
+                         row.get("policy_version")]  # fmt: skip
+                parts.append(
+                    "<tr>" + "".join(f"<td{' class=l' if i == 1 else ''}>{_e(v)}</td>" for i, v in enumerate(cells))
+                    + "</tr>"
+                )  # fmt: skip
+            parts.append("</table>")
+        parts.append("</body></html>")
+        return "".join(parts)
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def _num(value: Any) -> str:
+    return "" if value is None else f"{value:,.0f}"
+
+
+class _PageHandler(web.RequestHandler):
+    def initialize(self, monitor: CollectorMonitor) -> None:
+        self.monitor = monitor
+
+    def get(self) -> None:
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.write(self.monitor.render())
+
+
+class _JsonHandler(web.RequestHandler):
+    def initialize(self, monitor: CollectorMonitor) -> None:
+        self.monitor = monitor
+
+    def get(self) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.write(json.dumps(self.monitor.collections))
+
+
+class _PrometheusCollector:
+    """``daskcollect_*`` series for Dask's ``/metrics`` endpoint.
+
+    One per process (Prometheus' registry refuses duplicate series), serving
+    every scheduler's monitor in it; the ``collection`` label keeps them apart.
+    """
+
+    _instance: _PrometheusCollector | None = None
+
+    def __init__(self) -> None:
+        self.monitors: weakref.WeakSet[CollectorMonitor] = weakref.WeakSet()
+
+    @classmethod
+    def installed(cls) -> _PrometheusCollector | None:
+        """The process' collector, registered on first use; ``None`` without prometheus_client."""
+        if cls._instance is None:
+            try:
+                import prometheus_client
+            except ImportError:
+                return None
+            cls._instance = cls()
+            prometheus_client.REGISTRY.register(cls._instance)
+        return cls._instance
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        label = ["collection"]
+        frames = CounterMetricFamily("daskcollect_frames", "Frames delivered to the driver", labels=label)
+        lost = CounterMetricFamily(
+            "daskcollect_frames_lost", "Frames of rollouts dropped whole", labels=label
+        )
+        restarts = CounterMetricFamily(
+            "daskcollect_restarts", "Collectors replaced after a loss", labels=label
+        )
+        fps = GaugeMetricFamily(
+            "daskcollect_frames_per_second", "Frames/s since the first batch", labels=label
+        )
+        live = GaugeMetricFamily("daskcollect_live_collectors", "Collectors running", labels=label)
+        per = ["collection", "collector", "worker"]
+        c_frames = CounterMetricFamily("daskcollect_collector_frames", "Frames of one collector", labels=per)
+        c_fps = GaugeMetricFamily("daskcollect_collector_frames_per_second", "Rollout frames/s", labels=per)
+        c_version = GaugeMetricFamily("daskcollect_collector_policy_version", "Weights version", labels=per)
+        collections = [kv for m in list(self.monitors) for kv in m.collections.items()]
+        for cid, c in collections:
+            if c.get("state") == "closed":
+                continue
+            frames.add_metric([cid], c.get("frames", 0))
+            lost.add_metric([cid], c.get("frames_lost", 0))
+            restarts.add_metric([cid], c.get("restarts", 0))
+            fps.add_metric([cid], c.get("fps") or 0.0)
+            live.add_metric([cid], c.get("live_collectors", 0))
+            for row in c.get("collectors", []):
+                labels = [cid, str(row["index"]), str(row["worker"])]
+                c_frames.add_metric(labels, row.get("frames", 0))
+                c_fps.add_metric(labels, row.get("fps") or 0.0)
+                c_version.add_metric(labels, row.get("policy_version") or 0)
+        yield from (frames, lost, restarts, fps, live, c_frames, c_fps, c_version)
+
+
+def register(client: Any) -> bool:
+    """Installs :class:`CollectorMonitor` on the client's scheduler (once per scheduler).
+
+    Returns:
+        ``False`` where the scheduler cannot load it; the collection then runs
+        without a dashboard page.
+    """
+    try:
+        client.register_plugin(CollectorMonitor(), name=PLUGIN_NAME)
+    except Exception:
+        return False
+    return True

@@ -1,0 +1,122 @@
+"""The collectors on the Dask dashboard: the /daskcollect page in a real headless Chromium, /metrics."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+import urllib.request
+
+import pytest
+from distributed import Client, performance_report
+
+from daskcollect import DaskCollector
+from daskcollect.dashboard import CollectorMonitor
+from daskcollect.testing import make_cartpole
+
+CHROMIUM = shutil.which("chromium")
+# Flags for a closed network (see .ci/run): no background connections, no sandbox as root.
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+
+
+def dashboard_base(cluster) -> str:
+    return cluster.dashboard_link.rsplit("/", 1)[0]
+
+
+class Collecting:
+    """Runs a collection in a thread (bounded in frames and time) while the test looks at the page."""
+
+    def __init__(self, client: Client, seconds: float = 60):
+        self.collector = DaskCollector(
+            make_cartpole, frames_per_batch=200, total_frames=200 * 2000, num_collectors=2, client=client
+        )
+        self.stop, self.deadline = threading.Event(), time.monotonic() + seconds
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        for _ in self.collector:
+            if self.stop.is_set() or time.monotonic() > self.deadline:
+                break
+
+    def __enter__(self) -> DaskCollector:
+        self.thread.start()
+        return self.collector
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(timeout=60)
+        assert not self.thread.is_alive()
+        self.collector.shutdown()
+
+
+def wait_for_report(collector: DaskCollector, frames: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while collector.stats()["frames"] < frames:
+        assert time.monotonic() < deadline, "the collection made no progress"
+        time.sleep(0.2)
+    time.sleep(1.5)  # one report interval
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_page_in_headless_chromium(cluster, client, tmp_path):
+    url = dashboard_base(cluster) + "/daskcollect"
+    profile = str(tmp_path / "chromium-profile")
+    with Collecting(client) as collector:
+        wait_for_report(collector, frames=2000)
+        dom = subprocess.run(
+            [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=2000", "--dump-dom", url],
+            capture_output=True, text=True, timeout=90,
+        ).stdout  # fmt: skip
+        shot = os.environ.get("DASKCOLLECT_SCREENSHOT") or str(tmp_path / "dashboard.png")
+        subprocess.run(
+            [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--window-size=1100,420", f"--screenshot={shot}", url],
+            capture_output=True, timeout=90,
+        )  # fmt: skip
+        workers = collector.workers
+    assert "daskcollect: collectors" in dom and "(collecting)" in dom
+    for address in workers:  # one row per collector, naming its worker
+        assert address in dom
+    totals = re.search(r"<table class=\"totals\".*?</table>", dom, re.S).group(0)
+    cells = re.findall(r"<td>([^<]*)</td>", totals)
+    assert cells[0] == "async" and int(cells[1]) >= 2000 and cells[4] == "2"  # mode, frames, live
+    assert os.path.getsize(shot) > 5000  # a rendered page, not an empty image
+
+
+def test_prometheus_metrics_and_json(cluster, client):
+    base = dashboard_base(cluster)
+    with Collecting(client) as collector:
+        wait_for_report(collector, frames=1000)
+        metrics = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+        page = urllib.request.urlopen(base + "/daskcollect/json", timeout=10).read().decode()
+    series = dict(re.findall(r'^daskcollect_frames_total\{collection="([^"]+)"\} (\S+)$', metrics, re.M))
+    assert series and max(float(v) for v in series.values()) >= 1000
+    assert 'daskcollect_collector_policy_version{collection="' in metrics
+    assert '"live_collectors": 2' in page
+
+
+def test_closed_collection_is_marked(cluster, client):
+    with DaskCollector(
+        make_cartpole, frames_per_batch=100, total_frames=400, num_collectors=2, client=client
+    ) as c:
+        frames = sum(b.numel() for b in c)
+    page = urllib.request.urlopen(dashboard_base(cluster) + "/daskcollect/json", timeout=10).read().decode()
+    assert frames == 400 and '"state": "closed"' in page
+
+
+def test_page_without_collections():
+    assert "No collection has reported yet" in CollectorMonitor().render()
+
+
+def test_performance_report_around_a_collection(client, tmp_path):
+    path = tmp_path / "report.html"
+    with client.as_current(), performance_report(filename=str(path)):  # it reports on the current client
+        with DaskCollector(
+            make_cartpole, frames_per_batch=200, total_frames=1000, num_collectors=2, client=client
+        ) as c:
+            frames = sum(b.numel() for b in c)
+    assert frames == 1000
+    assert path.stat().st_size > 10_000 and "Dask Performance Report" in path.read_text()

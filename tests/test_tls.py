@@ -1,0 +1,42 @@
+"""TLS clusters: collection over tls://, our collector passes the Security object through, no cert no entry."""
+
+from __future__ import annotations
+
+import pytest
+from distributed import Client
+
+from daskcollect import ClusterConnectionError, DaskCollector
+from daskcollect.testing import make_cartpole
+
+pytest.importorskip("cryptography", reason="Security.temporary() needs cryptography (the 'tls' extra)")
+
+
+def test_collects_over_tls_with_a_users_client(tls_cluster):
+    assert tls_cluster.scheduler_address.startswith("tls://")
+    with Client(tls_cluster, set_as_default=False) as client:
+        with DaskCollector(
+            make_cartpole, frames_per_batch=100, total_frames=400, num_collectors=2, client=client
+        ) as c:
+            frames = sum(b.numel() for b in c)
+            ours = c.client
+            assert ours is not client and ours.security is client.security  # passed through
+            assert all(w.startswith("tls://") for w in c.workers)
+    assert frames == 400
+
+
+def test_collects_over_tls_with_an_address_and_security(tls_cluster):
+    with DaskCollector(
+        make_cartpole, frames_per_batch=100, total_frames=200, num_collectors=2,
+        client=tls_cluster.scheduler_address, security=tls_cluster.security,
+    ) as c:  # fmt: skip
+        assert c.client.security is tls_cluster.security
+        assert sum(b.numel() for b in c) == 200
+
+
+def test_no_certificate_is_refused(tls_cluster):
+    # A plain client cannot even speak to a tls:// scheduler without certificates...
+    with pytest.raises((OSError, TimeoutError, ValueError, TypeError)):
+        Client(tls_cluster.scheduler_address, timeout=3, set_as_default=False)
+    # ...and our collector says so, naming the TLS settings.
+    with pytest.raises(ClusterConnectionError, match="speaks TLS and no certificates were given"):
+        DaskCollector(make_cartpole, frames_per_batch=10, client=tls_cluster.scheduler_address)
