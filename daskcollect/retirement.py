@@ -44,6 +44,15 @@ def collector_actors(scheduler: Any, address: str) -> list[str]:
     return [str(ts.key) for ts in ws.actors if str(ts.key).startswith(ACTOR_KEY_PREFIX)]
 
 
+def _named(name: str, wanted: set[str]) -> bool:
+    """Whether a worker is one of ``wanted``, or one of the processes of a job named in it.
+
+    dask-jobqueue names the workers of a multi-process job ``<job>-<i>`` and
+    scales down by job name.
+    """
+    return name in wanted or name.rsplit("-", 1)[0] in wanted
+
+
 class GracefulRetirement(SchedulerPlugin):
     """Lets daskcollect release its actors before Dask retires their workers.
 
@@ -84,7 +93,7 @@ class GracefulRetirement(SchedulerPlugin):
         given = kwargs.get("workers") if kwargs.get("workers") is not None else kwargs.get("names")
         if given is not None:
             wanted = {str(w) for w in given}
-            return [a for a, ws in scheduler.workers.items() if a in wanted or str(ws.name) in wanted]
+            return [a for a, ws in scheduler.workers.items() if a in wanted or _named(str(ws.name), wanted)]
         return list(scheduler.workers_to_close(n=kwargs.get("n"), memory_ratio=kwargs.get("memory_ratio")))
 
     async def _retire(self, kwargs: dict[str, Any]) -> Any:

@@ -1,0 +1,100 @@
+"""dask-jobqueue: the example clusters' job scripts, and collection on jobqueue's own job machinery."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+
+import dask
+import pytest
+from distributed import Client
+
+from daskcollect import DaskCollector
+from daskcollect.testing import make_cartpole
+
+jobqueue_local = pytest.importorskip("dask_jobqueue.local", reason="the 'jobqueue' extra is not installed")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAST = {"daskcollect.restart-delay": "0.2s", "daskcollect.liveness-interval": "0.5s"}
+
+
+def example(name: str):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "examples", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_slurm_job_script():
+    cluster = example("slurm").build_cluster(partition="rl", account="proj42", walltime="01:00:00")
+    try:
+        script = cluster.job_script()
+    finally:
+        cluster.close()
+    for line in ["#SBATCH -p rl", "#SBATCH -A proj42", "#SBATCH -t 01:00:00", "#SBATCH --cpus-per-task=1",
+                 "export OMP_NUM_THREADS=1", "export DASK_DISTRIBUTED__WORKER__DAEMON=False"]:  # fmt: skip
+        assert line in script.splitlines(), line
+    command = script.strip().splitlines()[-1]
+    for option in ["--nthreads 1", "--resources collector=1", "--lifetime 55m", "--interface lo", "--nanny"]:
+        assert option in command, option
+    assert "127.0.0.1" in command  # the scheduler is on loopback (interface="lo")
+
+
+def test_pbs_job_script():
+    cluster = example("pbs").build_cluster(queue="workq")
+    try:
+        script = cluster.job_script()
+    finally:
+        cluster.close()
+    assert "#PBS -q workq" in script and "#PBS -l select=1:ncpus=1:mem=4GB" in script
+    assert (
+        "#PBS -l walltime=02:00:00" in script
+        and "--nthreads 1" in script
+        and "--resources collector=1" in script
+    )
+
+
+def wait_until(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def test_collect_on_jobqueue_jobs_with_scale_and_adapt(make_cluster):
+    """Real job scripts run as local processes (dask_jobqueue.local.LocalCluster): scale up, down, adapt."""
+    cluster = jobqueue_local.LocalCluster(
+        cores=1, processes=1, memory="2GB", interface="lo", worker_extra_args=["--resources", "collector=1"]
+    )
+    try:
+        cluster.scale(jobs=2)
+        with Client(cluster, set_as_default=False) as client, dask.config.set(FAST):
+            client.wait_for_workers(2, timeout=60)
+            with DaskCollector(
+                make_cartpole, frames_per_batch=100, total_frames=-1, num_collectors="auto",
+                worker_resources={"collector": 1}, client=client,
+            ) as collector:  # fmt: skip
+                it = iter(collector)
+                batches = [next(it) for _ in range(3)]
+                cluster.scale(jobs=3)  # a job joins: it gets a collector
+                client.wait_for_workers(3, timeout=60)
+                wait_until(
+                    lambda: batches.append(next(it)) or collector.stats()["live_collectors"] == 3, 60, "grow"
+                )
+                cluster.scale(jobs=1)  # two jobs leave: their collectors close first
+                wait_until(
+                    lambda: batches.append(next(it)) or collector.stats()["live_collectors"] == 1,
+                    60,
+                    "shrink",
+                )
+                cluster.adapt(minimum_jobs=2, maximum_jobs=2)
+                wait_until(
+                    lambda: batches.append(next(it)) or collector.stats()["live_collectors"] == 2, 90, "adapt"
+                )
+                batches += [next(it) for _ in range(5)]
+                stats = collector.stats()
+    finally:
+        cluster.close()
+    assert stats["retired"] == 2 and stats["rollouts_lost"] == 0 and stats["restarts"] == 0
+    ids = {int(i) for b in batches for i in b["collector", "collector_id"].unique()}
+    assert len(ids) >= 4  # 2 first collectors, the third job's, and adapt()'s
