@@ -127,11 +127,15 @@ class DaskCollector(BaseCollector):
             policy on the worker instead of shipping one.
         frames_per_batch: Frames per yielded batch.
         total_frames: Frames per pass over the collector; ``-1`` is endless.
-        device, storing_device, env_device, policy_device: A device, or one per
-            collector, as in TorchRL's collectors.
-        max_frames_per_traj, init_random_frames, reset_at_each_iter,
-            exploration_type: Passed to each worker's TorchRL collector
-            (``init_random_frames`` is split over the collectors).
+        device: A device, or one per collector, as in TorchRL's collectors.
+        storing_device: As ``device``, for the collected data.
+        env_device: As ``device``, for the envs.
+        policy_device: As ``device``, for the policy.
+        max_frames_per_traj: Passed to each worker's TorchRL collector.
+        init_random_frames: Passed to each worker's TorchRL collector, split
+            over the collectors.
+        reset_at_each_iter: Passed to each worker's TorchRL collector.
+        exploration_type: Passed to each worker's TorchRL collector.
         postproc: Applied to each batch on the driver.
         split_trajs: Apply ``split_trajectories`` to each batch on the driver.
         collector_class: The TorchRL collector run on each worker:
@@ -159,16 +163,22 @@ class DaskCollector(BaseCollector):
             collector, e.g. ``{"GPU": 1}``.
         seed: If given, ``set_seed(seed)`` runs once the collectors exist.
         security: A ``distributed.security.Security`` for TLS clusters.
-        trust_policy, use_env_creator, no_cuda_sync, trajs_per_batch,
-            pre_collect_hook, post_collect_hook: As in ``RayCollector``.
+        trust_policy: As in ``RayCollector``.
+        use_env_creator: As in ``RayCollector``.
+        no_cuda_sync: As in ``RayCollector``.
+        trajs_per_batch: As in ``RayCollector``.
+        pre_collect_hook: As in ``RayCollector``.
+        post_collect_hook: As in ``RayCollector``.
         replay_buffer: Each batch extends it on the driver and the iterator
             yields ``None`` (TorchRL's semantics).
         output: ``"tensordict"`` (default) or ``"memmap"``: workers write each
             rollout to ``memmap_dir`` and the iterator yields
             :class:`~daskcollect.MemmapBatch` handles.
-        memmap_dir, memmap_retention, max_unreleased: The shared folder, when
-            files are deleted (``"release"``, ``"keep"`` or keep-last ``K``),
-            and the back-pressure bound (docs/api.md).
+        memmap_dir: The shared folder that memmap output is written to.
+        memmap_retention: When rollout folders are deleted: ``"release"``,
+            ``"keep"`` or keep-last ``K`` (docs/api.md).
+        max_unreleased: The back-pressure bound: rollout folders on disk not
+            yet released.
         max_collector_restarts: Replacements of lost or stuck collectors and
             env rebuilds allowed in total (docs/fault_tolerance.md).
         on_env_error: ``"raise"`` (default) or ``"restart"`` the collector.
