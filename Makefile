@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint docs bench clean
+.PHONY: install demo test lint docs bench bench-smoke clean
 
 $(STAMP): pyproject.toml requirements/dev.txt
 	python3 -m venv $(VENV)
@@ -28,9 +28,30 @@ docs: install
 test: lint docs
 	$(PY) -m pytest
 
+# The benchmarks (docs/benchmarks.md): about 30 min on 2 cores; do not run anything else meanwhile.
 bench: install
 	$(PY) benchmarks/throughput.py --env CartPole-v1 --workers 2 --pairs 3
 	$(PY) benchmarks/throughput.py --env Pendulum-v1 --workers 2 --pairs 3
+	$(PY) benchmarks/throughput.py --env CartPole-v1 --workers 2 --pairs 3 --against ray
+	$(PY) benchmarks/scaling.py --workers 4 8 16 --pairs 3
+	$(PY) benchmarks/broadcast.py --sizes-mb 1 10 100 --workers 2 4 8
+	$(PY) benchmarks/datapath.py --repeats 10
+	$(PY) benchmarks/startup.py --workers 4 --pairs 3
+	$(PY) benchmarks/report.py
+
+# Every benchmark with tiny budgets, into a scratch folder: they keep working (CI runs this).
+SMOKE := $(shell mktemp -d -u /tmp/daskcollect-bench-XXXXXX)
+bench-smoke: install
+	mkdir -p $(SMOKE)
+	$(PY) benchmarks/throughput.py --total-frames 2000 --frames-per-batch 500 --pairs 1 --out $(SMOKE)/p1.json
+	$(PY) benchmarks/throughput.py --total-frames 2000 --frames-per-batch 500 --pairs 1 --against ray --out $(SMOKE)/p5.json
+	$(PY) benchmarks/scaling.py --workers 2 --seconds 1 --frames-per-batch 10 --pairs 1 --out $(SMOKE)/p2.json
+	$(PY) benchmarks/broadcast.py --sizes-mb 0.1 --workers 2 --repeats 2 --out $(SMOKE)/p3.json
+	$(PY) benchmarks/datapath.py --repeats 1 --out $(SMOKE)/p4.json
+	$(PY) benchmarks/startup.py --workers 2 --pairs 1 --frames-per-batch 100 --out $(SMOKE)/p6.json
+	cp docs/benchmarks.md $(SMOKE)/benchmarks.md
+	$(PY) benchmarks/report.py --doc $(SMOKE)/benchmarks.md --png $(SMOKE)/benchmarks.png
+	rm -rf $(SMOKE)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info site

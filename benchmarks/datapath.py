@@ -16,10 +16,7 @@ Writes benchmarks/results/datapath.json and prints a table.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import shutil
 import statistics
 import tempfile
@@ -27,6 +24,7 @@ import time
 import warnings
 
 import torch
+from _common import header, save
 from distributed import Client, LocalCluster
 from distributed.protocol import serialize
 from tensordict import TensorDict
@@ -81,7 +79,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "datapath.json"))
+    parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
     batch = make_batch()
@@ -121,18 +119,8 @@ def main() -> None:
         }
         for kind, v in times.items()
     }
-    result = {
-        "benchmark": "P4-datapath",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        "machine": platform.node(),
-        "cores": os.cpu_count(),
-        "batch_bytes": nbytes,
-        "raw_seconds": times,
-        "summary": rows,
-    }
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
+    result = {**header("P4-datapath", args), "batch_bytes": nbytes, "raw_seconds": times, "summary": rows}
+    save(result, "datapath", args.out)
     print(f"batch: {nbytes / 1e6:.1f} MB")
     print(f"{'transport':14s} {'ms/batch':>9s} {'pickled bytes':>14s} {'out-of-band':>12s} {'disk':>10s}")
     for kind, r in rows.items():

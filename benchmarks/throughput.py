@@ -5,6 +5,10 @@ and the report is the median ratio over the pairs, since absolute times drift
 on shared machines. The first batch of every run is excluded from timing.
 
     python benchmarks/throughput.py --env CartPole-v1 --workers 2 --pairs 3
+    python benchmarks/throughput.py --against ray      # P5: TorchRL's RayCollector instead
+
+Ray (the ``bench`` extra) runs a local Ray instance on 127.0.0.1 with as many
+CPUs as workers.
 
 Writes a JSON file under benchmarks/results/ and prints a summary.
 """
@@ -12,19 +16,12 @@ Writes a JSON file under benchmarks/results/ and prints a summary.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
-import statistics
 import time
 import warnings
 
-import dask
-import distributed
-import tensordict
 import torch
-import torchrl
+from _common import header, median_ratio, save
 from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollector
 from torchrl.envs import GymEnv
 
@@ -76,6 +73,13 @@ def run_side(side: str, env: str, workers: int, fpb: int, total: int) -> float:
     if side == "single":
         c = Collector(make(), policy, frames_per_batch=fpb, total_frames=total // workers)
         return timed(c, c.shutdown) * workers
+    if side in ("ray-sync", "ray-async"):
+        from torchrl.collectors.distributed import RayCollector
+
+        ray_init = {"num_cpus": workers, "include_dashboard": False, "_node_ip_address": "127.0.0.1"}
+        c = RayCollector([make] * workers, policy, frames_per_batch=fpb, total_frames=total,
+                         num_collectors=workers, sync=side == "ray-sync", ray_init_config=ray_init)  # fmt: skip
+        return timed(c, c.shutdown)
     if side in ("torchrl-sync", "torchrl-async"):
         cls = MultiSyncCollector if side == "torchrl-sync" else MultiAsyncCollector
         c = cls([make] * workers, policy, frames_per_batch=fpb, total_frames=total)
@@ -100,10 +104,11 @@ def main() -> None:
     parser.add_argument("--frames-per-batch", type=int, default=1000)
     parser.add_argument("--total-frames", type=int, default=21000)
     parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--against", choices=["torchrl", "ray"], default="torchrl")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
-    pairs = [("dask-sync", "torchrl-sync"), ("dask-async", "torchrl-async")]
+    pairs = [("dask-sync", f"{args.against}-sync"), ("dask-async", f"{args.against}-async")]
     raw: dict[str, list[float]] = {}
     for _ in range(args.pairs):
         for a, b in pairs:
@@ -115,32 +120,12 @@ def main() -> None:
         raw.setdefault("single", []).append(fps)
         print(f"{'N x single':14s} {fps:9.0f} frames/s", flush=True)
 
-    ratios = {f"{a}/{b}": statistics.median(x / y for x, y in zip(raw[a], raw[b])) for a, b in pairs}
+    ratios = {f"{a}/{b}": median_ratio(raw[a], raw[b]) for a, b in pairs}
     for a, _ in pairs:
-        ratios[f"{a}/limit"] = statistics.median(x / y for x, y in zip(raw[a], raw["single"]))
-    result = {
-        "benchmark": "P1-throughput",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        "machine": platform.node(),
-        "cores": os.cpu_count(),
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "torchrl": torchrl.__version__,
-            "tensordict": tensordict.__version__,
-            "dask": dask.__version__,
-            "distributed": distributed.__version__,
-        },
-        "args": vars(args),
-        "raw_fps": raw,
-        "median_ratios": ratios,
-    }
-    out = args.out or os.path.join(
-        os.path.dirname(__file__), "results", f"throughput-{args.env}-{args.workers}w.json"
-    )
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(result, f, indent=2)
+        ratios[f"{a}/limit"] = median_ratio(raw[a], raw["single"])
+    result = {**header("P1-throughput", args), "raw_fps": raw, "median_ratios": ratios}
+    suffix = "" if args.against == "torchrl" else f"-{args.against}"
+    save(result, f"throughput-{args.env}-{args.workers}w{suffix}", args.out)
     print(json.dumps(ratios, indent=2))
 
 

@@ -161,3 +161,27 @@ def _once(env, flag: str, steps: int, action):
 
     env._step = _step
     return env
+
+
+class SleepEnvMaker:
+    """Builds CartPole whose ``step`` sleeps ``seconds`` (an env that waits, e.g. on a simulator).
+
+    Benchmarks use it to measure coordination overhead: the step costs wall
+    time but almost no CPU. A picklable class, so that it reaches any worker.
+    """
+
+    def __init__(self, seconds: float = 0.01):
+        self.seconds = seconds
+
+    def __call__(self):
+        import time
+
+        env = make_cartpole()
+        original, seconds = env._step, self.seconds
+
+        def _step(tensordict):
+            time.sleep(seconds)
+            return original(tensordict)
+
+        env._step = _step
+        return env

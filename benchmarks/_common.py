@@ -1,0 +1,52 @@
+"""What every benchmark script shares: the result header (machine, versions, date) and where results go."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+from typing import Any
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def header(benchmark: str, args: Any) -> dict[str, Any]:
+    """The machine, versions, date and arguments of a run."""
+    import dask
+    import distributed
+    import tensordict
+    import torch
+    import torchrl
+
+    return {
+        "benchmark": benchmark,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "machine": platform.node(),
+        "cores": os.cpu_count(),
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "torchrl": torchrl.__version__,
+            "tensordict": tensordict.__version__,
+            "dask": dask.__version__,
+            "distributed": distributed.__version__,
+        },
+        "args": vars(args),
+    }
+
+
+def save(result: dict[str, Any], name: str, out: str | None = None) -> str:
+    """Writes ``result`` as JSON to ``out`` or ``benchmarks/results/<name>.json``."""
+    path = out or os.path.join(RESULTS, f"{name}.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)
+    print("wrote", path)
+    return path
+
+
+def median_ratio(a: list[float], b: list[float]) -> float:
+    """The median of the pairwise ratios a[i] / b[i] (interleaved runs)."""
+    return statistics.median(x / y for x, y in zip(a, b))

@@ -1,0 +1,119 @@
+"""P3: weight broadcast, against one point-to-point transfer and a one-send-per-worker loop.
+
+On one loopback LocalCluster of max(--workers) worker processes, for each
+state-dict size and worker count:
+
+- ``update``: ``update_policy_weights_()`` until every collector has loaded the
+  weights: the update, then one sync batch of one frame per collector (each
+  call loads the new weights before its step), minus the median time of that
+  batch without new weights;
+- ``p2p``: one ``scatter`` of the same serialized payload to one worker;
+- ``naive``: one ``scatter`` per worker, one after the other (the transfers
+  alone: a lower bound for a loop that sends the weights to each collector).
+
+The policy is a one-layer CartPole policy plus an unused parameter that brings
+its state dict to the size asked. Medians of --repeats.
+
+    python benchmarks/broadcast.py --sizes-mb 1 10 100 --workers 2 4 8
+
+Writes benchmarks/results/broadcast.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+
+import torch
+from _common import header, save
+from distributed import Client, LocalCluster
+from tensordict.nn import TensorDictModule
+from torch import nn
+
+from daskcollect import DaskCollector
+from daskcollect.testing import ArgmaxPolicy, make_cartpole
+from daskcollect.weights import WeightsPayload, extract_weights
+
+warnings.filterwarnings("ignore")
+
+
+class BallastPolicy(ArgmaxPolicy):
+    """CartPole's argmax policy with ``nbytes`` of unused float32 weights."""
+
+    def __init__(self, nbytes: int):
+        super().__init__()
+        self.ballast = nn.Parameter(torch.zeros(max(nbytes // 4 - 10, 1)))
+
+
+def seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def measure(client: Client, n: int, nbytes: int, repeats: int) -> dict[str, float]:
+    module = BallastPolicy(nbytes)
+    policy = TensorDictModule(module, in_keys=["observation"], out_keys=["action"])
+    with DaskCollector(
+        make_cartpole, policy, frames_per_batch=n, total_frames=-1, num_collectors=n, sync=True, client=client
+    ) as collector:
+        it = iter(collector)
+        next(it)
+        baseline = statistics.median(seconds(lambda: next(it)) for _ in range(repeats))
+        update = []
+        for _ in range(repeats):
+            with torch.no_grad():
+                module.ballast.add_(1.0)
+            update.append(seconds(lambda: (collector.update_policy_weights_(), next(it))) - baseline)
+        ours = collector.client
+        payload = WeightsPayload.from_tensordict(extract_weights(policy), 0)
+        workers = collector.workers
+
+        def scatter_to(addresses):
+            for address in addresses:
+                future = ours.scatter(payload, workers=[address], direct=True, hash=False, timeout=120)
+                future.release()
+
+        p2p = [seconds(lambda: scatter_to(workers[:1])) for _ in range(repeats)]
+        naive = [seconds(lambda: scatter_to(workers)) for _ in range(repeats)]
+    return {
+        "bytes": payload.nbytes,
+        "update_s": statistics.median(update),
+        "p2p_s": statistics.median(p2p),
+        "naive_s": statistics.median(naive),
+        "raw_update_s": update,
+        "raw_p2p_s": p2p,
+        "raw_naive_s": naive,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 10, 100])
+    parser.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+
+    rows = []
+    with LocalCluster(
+        n_workers=max(args.workers), threads_per_worker=1, host="127.0.0.1", dashboard_address=None
+    ) as cluster, Client(cluster, set_as_default=False) as client:  # fmt: skip
+        for mb in args.sizes_mb:
+            for n in args.workers:
+                r = {"size_mb": mb, "workers": n, **measure(client, n, int(mb * 1e6), args.repeats)}
+                r["update/p2p"] = r["update_s"] / r["p2p_s"]
+                r["naive/p2p"] = r["naive_s"] / r["p2p_s"]
+                rows.append(r)
+                print(f"{mb:6g} MB  {n} workers  update {1e3 * r['update_s']:8.1f} ms  p2p {1e3 * r['p2p_s']:7.1f} ms"
+                      f"  naive {1e3 * r['naive_s']:8.1f} ms  update/p2p {r['update/p2p']:5.2f}"
+                      f"  naive/p2p {r['naive/p2p']:5.2f}", flush=True)  # fmt: skip
+    save({**header("P3-broadcast", args), "rows": rows}, "broadcast", args.out)
+
+
+if __name__ == "__main__":
+    main()

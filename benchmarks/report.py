@@ -1,0 +1,150 @@
+"""Turns benchmarks/results/*.json into the tables and the plot of docs/benchmarks.md.
+
+    python benchmarks/report.py
+
+Writes docs/img/benchmarks.png and replaces the text between the
+``<!-- report -->`` and ``<!-- /report -->`` markers of docs/benchmarks.md.
+A result file that is missing leaves its row out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+
+from _common import RESULTS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOC = os.path.join(ROOT, "docs", "benchmarks.md")
+PNG = os.path.join(ROOT, "docs", "img", "benchmarks.png")
+
+
+def load(name: str) -> dict | None:
+    path = os.path.join(RESULTS, f"{name}.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def throughput_rows() -> list[str]:
+    rows = ["| P | env | dask / matching collector, sync | async | dask / limit, sync | async | date |",
+            "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for path in sorted(glob.glob(os.path.join(RESULTS, "throughput-*.json"))):
+        with open(path) as f:
+            r = json.load(f)
+        ratios, against = r["median_ratios"], r["args"].get("against", "torchrl")
+        sync, asyn = (f"{ratios[k]:.3f}" for k in ratios if "/limit" not in k)
+        rows.append(
+            f"| {'P5' if against == 'ray' else 'P1'} | {r['args']['env']} ({r['args']['workers']} workers, "
+            f"vs {'RayCollector' if against == 'ray' else 'Multi*Collector'}) | **{sync}** | **{asyn}** | "
+            f"{ratios['dask-sync/limit']:.3f} | {ratios['dask-async/limit']:.3f} | {r['date'][:10]} |"
+        )
+    return rows
+
+
+def tables() -> str:
+    out = ["### P1 and P5: throughput ratios (median of per-pair ratios)", "", *throughput_rows(), ""]
+    scaling = load("scaling")
+    if scaling:
+        out += ["### P2: 10 ms sleep-step env, frames/s against N × one TorchRL `Collector`", "",
+                "| workers | ideal | dask async | TorchRL async | dask / ideal | TorchRL / ideal |",
+                "|---|---|---|---|---|---|"]  # fmt: skip
+        for n, s in scaling["summary"].items():
+            out.append(f"| {n} | {s['ideal_fps']:,.0f} | {s['dask-async_fps']:,.0f} | {s['torchrl-async_fps']:,.0f} "
+                       f"| **{s['dask-async/ideal']:.3f}** | {s['torchrl-async/ideal']:.3f} |")  # fmt: skip
+        out.append("")
+    broadcast = load("broadcast")
+    if broadcast:
+        out += ["### P3: weight broadcast (medians)", "",
+                "| size | workers | `update_policy_weights_()` until loaded | one transfer | one send per worker "
+                "| update / transfer | per-worker loop / transfer |",
+                "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for r in broadcast["rows"]:
+            out.append(f"| {r['size_mb']:g} MB | {r['workers']} | {1e3 * r['update_s']:.1f} ms | "
+                       f"{1e3 * r['p2p_s']:.1f} ms | {1e3 * r['naive_s']:.1f} ms | **{r['update/p2p']:.2f}** | "
+                       f"{r['naive/p2p']:.2f} |")  # fmt: skip
+        out.append("")
+    datapath = load("datapath")
+    if datapath:
+        out += [f"### P4: data path, one {datapath['batch_bytes'] / 1e6:.1f} MB pixel batch, worker to driver", "",
+                "| transport | ms per batch (median) |", "|---|---|"]  # fmt: skip
+        out += [f"| {k} | {v['median_ms']:.0f} |" for k, v in datapath["summary"].items()] + [""]
+    startup = load("startup")
+    if startup:
+        s, n = startup["summary"], startup["args"]["workers"]
+        out += [f"### P6: start-up to the first batch, {n} workers", "",
+                "| dask | MultiSyncCollector | dask / MultiSync |", "|---|---|---|",
+                f"| {s['dask_s']:.2f} s | {s['torchrl_s']:.2f} s | **{s['dask/torchrl']:.2f}** |", ""]  # fmt: skip
+    return "\n".join(out)
+
+
+def plot(png: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4.2))
+    scaling = load("scaling")
+    if scaling:
+        ns = sorted(int(n) for n in scaling["summary"])
+        s = scaling["summary"]
+        a.plot(ns, [s[str(n)]["ideal_fps"] for n in ns], "k--", marker="o", label="ideal (N × single)")
+        a.plot(ns, [s[str(n)]["dask-async_fps"] for n in ns], marker="o", label="DaskCollector async")
+        a.plot(ns, [s[str(n)]["torchrl-async_fps"] for n in ns], marker="o", label="MultiAsyncCollector")
+        a.set(title="P2: 10 ms sleep-step env", xlabel="workers", ylabel="frames/s", xticks=ns)
+        a.legend()
+    labels, values = [], []
+    for path in sorted(glob.glob(os.path.join(RESULTS, "throughput-*.json"))):
+        with open(path) as f:
+            r = json.load(f)
+        against = "Ray" if r["args"].get("against") == "ray" else "TorchRL"
+        for key, v in r["median_ratios"].items():
+            if "/limit" not in key:
+                labels.append(f"{r['args']['env'].split('-')[0]}\n{key.split('/')[0][5:]} vs {against}")
+                values.append(v)
+    b.bar(range(len(values)), values, color="tab:blue")
+    b.axhline(1.0, color="k", lw=0.8, ls="--")
+    b.set_xticks(range(len(labels)), labels, fontsize=7)
+    b.set(title="P1 / P5: dask frames/s ÷ other collector's", ylabel="ratio")
+    broadcast = load("broadcast")
+    if broadcast:
+        for size in sorted({r["size_mb"] for r in broadcast["rows"]}):
+            rows = [r for r in broadcast["rows"] if r["size_mb"] == size]
+            c.plot(
+                [r["workers"] for r in rows],
+                [r["update/p2p"] for r in rows],
+                marker="o",
+                label=f"{size:g} MB",
+            )
+        c.axhline(2.0, color="k", lw=0.8, ls="--")
+        c.set(title="P3: update time ÷ one point-to-point transfer", xlabel="workers", ylabel="ratio")
+        c.legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(png), exist_ok=True)
+    fig.savefig(png, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--doc", default=DOC, help="the Markdown file to update")
+    parser.add_argument("--png", default=PNG, help="where the plot goes")
+    args = parser.parse_args()
+    plot(args.png)
+    text = tables()
+    with open(args.doc) as f:
+        doc = f.read()
+    start, end = "<!-- report -->", "<!-- /report -->"
+    doc = doc[: doc.index(start) + len(start)] + "\n" + text + "\n" + doc[doc.index(end) :]
+    with open(args.doc, "w") as f:
+        f.write(doc)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
