@@ -28,6 +28,7 @@ from typing import Any
 
 from distributed import Client, Future, wait
 from distributed.actor import Actor, BaseActorFuture
+from distributed.client import FuturesCancelledError
 
 from daskcollect import config
 from daskcollect.actor import ActorSpec, CollectorActor, Rollout
@@ -158,18 +159,64 @@ class ActorPool:
 
     # --- start -------------------------------------------------------------
     def _launch(
-        self, indices: list[int], recipes: list[bytes], addresses: list[str], seed=None
+        self, indices: list[int], recipes: list[bytes], addresses: list[str], seed=None, retry: bool = True
     ) -> list[Slot]:
-        """Starts actors and waits (bounded) until they are built."""
-        # Each distinct recipe is sent once; Dask resolves the futures on the workers.
+        """Starts actors and waits (bounded) until they are built.
+
+        A worker that leaves (or starts retiring) while its collector is being
+        built costs only that attempt: with ``retry``, the collector is started
+        again on a free worker, within ``daskcollect.timeouts.workers``;
+        without, it is left out of the result.
+
+        Raises:
+            NotEnoughWorkersError: If no free worker takes over within that time.
+        """
+        timeout = config.timeout("workers")
+        deadline = time.monotonic() + timeout
+        slots: list[Slot] = []
+        while True:
+            new, lost = self._launch_once(indices, recipes, addresses, seed)
+            slots += new
+            if not lost or not retry:
+                return slots
+            logger.info("collectors %s lost their workers while starting; starting them elsewhere", lost)
+            pairs = [(i, r) for i, r in zip(indices, recipes) if i in lost]
+            indices, recipes = [i for i, _ in pairs], [r for _, r in pairs]
+            used = {s.address for s in slots}
+            while len(free := [a for a in self.free_workers() if a not in used]) < len(indices):
+                if time.monotonic() > deadline:
+                    raise NotEnoughWorkersError(
+                        f"Workers left while collectors {indices} were being started, and no free eligible "
+                        f"worker took their place within {timeout:g}s. Start more workers, or raise "
+                        "daskcollect.timeouts.workers.",
+                        needed=len(indices),
+                        found=len(free),
+                    )
+                time.sleep(0.2)
+            addresses = free[: len(indices)]
+
+    def _launch_once(
+        self, indices: list[int], recipes: list[bytes], addresses: list[str], seed=None
+    ) -> tuple[list[Slot], list[int]]:
+        """One attempt: the slots built, and the indices whose worker left meanwhile."""
+        alive = live_workers(self.client)
+        lost = [i for i, a in zip(indices, addresses) if a not in alive or a in self.retiring]
+        todo = [(i, r, a) for i, r, a in zip(indices, recipes, addresses) if i not in lost]
+        # Each distinct recipe is sent once, to the workers that build from it.
         blobs: dict[bytes, Future] = {}
-        for recipe in recipes:
-            if recipe not in blobs:
-                blobs[recipe] = self.client.scatter(
-                    recipe, hash=False, direct=True, timeout=config.timeout("weights")
-                )
+        try:
+            for _, recipe, _ in todo:
+                if recipe not in blobs:
+                    targets = sorted({a for _, r, a in todo if r == recipe})
+                    # One copy; the other targets fetch it from there when they build.
+                    blobs[recipe] = self.client.scatter(
+                        recipe, workers=targets, hash=False, direct=True, timeout=config.timeout("weights")
+                    )
+        except (OSError, TimeoutError) as exc:  # a target left: this attempt is lost
+            logger.info("could not send the recipe (%s: %s)", type(exc).__name__, exc)
+            return [], list(indices)
         futures, uids = [], []
-        for index, recipe, address in zip(indices, recipes, addresses):
+        for index, recipe, address in todo:
             uid = next(self._uids)
             spec = ActorSpec(
                 index, uid, self.spec.track_policy_version, self.spec.memmap_root,
@@ -191,19 +238,13 @@ class ActorPool:
         timeout = config.timeout("actor-start")
         try:
             with self.client.as_current():
-                _, not_done = wait(futures, timeout=timeout, return_when="ALL_COMPLETED")
-        except TimeoutError:
-            not_done = [f for f in futures if not f.done()]
+                wait(futures, timeout=timeout, return_when="ALL_COMPLETED")
+        except (TimeoutError, FuturesCancelledError):
+            pass  # sorted out below, future by future
         try:
-            if not_done:
-                late = [i for i, f in zip(indices, futures) if f in set(not_done)]
-                raise CollectorTimeoutError(
-                    f"Collectors {late} were not built within {timeout:g}s. Building envs "
-                    "and policy on the workers is too slow or stuck: check the env "
-                    "constructor, or raise daskcollect.timeouts.actor-start.",
-                    indices=late,
-                )
-            for future, address in zip(futures, addresses):
+            alive = live_workers(self.client)
+            slots, late = [], []
+            for (index, recipe, address), uid, future in zip(todo, uids, futures):
                 if future.status == "error":
                     exc = future.exception()
                     if isinstance(exc, DaskCollectError):
@@ -213,12 +254,24 @@ class ActorPool:
                         f"{exc}. Check that daskcollect, torch and torchrl are installed on the "
                         "workers in the same versions as here."
                     ) from exc
-            slots = []
-            with self.client.as_current():
-                for index, uid, recipe, address, future in zip(indices, uids, recipes, addresses, futures):
-                    actor = future.result(timeout=timeout)
+                if future.status == "finished":
+                    with self.client.as_current():
+                        actor = future.result(timeout=timeout)
                     slots.append(Slot(index, uid, address, future, actor, recipe))
-            return slots
+                elif address not in alive or address in self.retiring or future.status != "pending":
+                    lost.append(index)  # its worker left (or is leaving) during the start
+                    self.client.cancel([future])
+                else:
+                    late.append(index)
+            if late:
+                raise CollectorTimeoutError(
+                    f"Collectors {late} were not built within {timeout:g}s. Building envs "
+                    "and policy on the workers is too slow or stuck: check the env "
+                    "constructor, or raise daskcollect.timeouts.actor-start.",
+                    indices=late,
+                )
+            self._adopt_retiring(slots)
+            return slots, lost
         except BaseException:
             self.client.cancel(futures)
             raise
@@ -284,8 +337,8 @@ class ActorPool:
             start = max(self._recipes) + 1
             indices = list(range(start, start + len(addresses)))
         recipes = [self._recipes.get(i, self._recipes[0]) for i in indices]
-        new = self._launch(indices, recipes, addresses)
-        self._recipes.update(zip(indices, recipes))
+        new = self._launch(indices, recipes, addresses, retry=False)
+        self._recipes.update((s.index, s.recipe) for s in new)
         for slot in new:
             self._send_latest_weights(slot)
         self.slots = sorted(self.slots + new, key=lambda s: s.index)
@@ -376,6 +429,15 @@ class ActorPool:
                 slot.retiring = True
         for slot in slots:
             await self._release_if_idle(slot)
+
+    def _adopt_retiring(self, slots: list[Slot]) -> None:
+        """Marks new slots whose worker began retiring while they were being built."""
+        with self._lock:
+            late = [s for s in slots if s.address in self.retiring]
+            for slot in late:
+                slot.retiring = True
+        for slot in late:
+            self.client.loop.add_callback(self._release_if_idle, slot)
 
     async def _release_if_idle(self, slot: Slot) -> None:
         """Closes and releases a retiring slot's actor once no call of it runs."""

@@ -34,9 +34,7 @@ def test_collects_over_tls_with_an_address_and_security(tls_cluster):
 
 
 def test_no_certificate_is_refused(tls_cluster):
-    # A plain client cannot even speak to a tls:// scheduler without certificates...
-    with pytest.raises((OSError, TimeoutError, ValueError, TypeError)):
-        Client(tls_cluster.scheduler_address, timeout=3, set_as_default=False)
-    # ...and our collector says so, naming the TLS settings.
-    with pytest.raises(ClusterConnectionError, match="speaks TLS and no certificates were given"):
+    """Without certificates the scheduler cannot be reached; the error says so and how to fix it."""
+    with pytest.raises(ClusterConnectionError, match="speaks TLS and no certificates were given") as info:
         DaskCollector(make_cartpole, frames_per_batch=10, client=tls_cluster.scheduler_address)
+    assert "TLS" in str(info.value.__cause__)  # Dask's own refusal: no SSL context for tls://
