@@ -442,7 +442,7 @@ class ActorPool:
     async def _release_if_idle(self, slot: Slot) -> None:
         """Closes and releases a retiring slot's actor once no call of it runs."""
         with self._lock:
-            running = any(f.slot is slot and not f.call.done() for f in self._inflight.values())
+            running = any(f.slot is slot for f in self._running())
             if slot.retired or running:
                 return
             slot.retired = True
@@ -463,7 +463,7 @@ class ActorPool:
         deadline = time.monotonic() + config.timeout("call")
         while wait and time.monotonic() < deadline:
             with self._lock:
-                busy = {f.slot for f in self._inflight.values() if not f.call.done()}
+                busy = {f.slot for f in self._running()}
                 waiting = [s for s in self.slots if s.retiring and not s.retired and s not in busy]
             if not waiting:
                 break
@@ -477,9 +477,13 @@ class ActorPool:
     def num_inflight(self) -> int:
         return len(self._inflight)
 
+    def _running(self) -> list[InFlight]:
+        """The calls still running on their workers (done ones wait to be consumed)."""
+        return [f for f in list(self._inflight.values()) if not f.call.done()]
+
     def busy_slots(self) -> set[int]:
         """Indices of the collectors with a rollout running now."""
-        return {f.slot.index for f in list(self._inflight.values()) if not f.call.done()}
+        return {f.slot.index for f in self._running()}
 
     def inflight_count(self, slot: Slot) -> int:
         """Rollout calls in flight on ``slot``."""
@@ -488,7 +492,7 @@ class ActorPool:
     def _check_liveness(self, timeout: float) -> None:
         """Raises :class:`CollectorLost` for a stuck rollout or a worker gone from the scheduler."""
         now = time.monotonic()
-        running = [f for f in self._inflight.values() if not f.call.done()]
+        running = self._running()
         for flight in running:
             if now - flight.started > timeout:
                 raise CollectorLost(
