@@ -9,6 +9,7 @@ import subprocess
 import threading
 import time
 import urllib.request
+import uuid
 
 import pytest
 from distributed import Client, performance_report
@@ -20,7 +21,31 @@ from daskcollect.testing import make_cartpole
 CHROMIUM = shutil.which("chromium")
 # Flags for a closed network (see .ci/run): no background connections, no sandbox as root.
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-dev-shm-usage"]  # fmt: skip
+
+
+def chromium(tmp_path, *args: str, attempts: int = 3) -> str:
+    """Runs headless Chromium (fresh profile per attempt) until it prints a page; returns stdout.
+
+    A loaded 2-core machine can make Chromium give up before the page loads; each
+    attempt is bounded, and a failure shows what Chromium said.
+    """
+    runs = []
+    for attempt in range(attempts):
+        profile = tmp_path / f"chromium-profile-{uuid.uuid4().hex[:8]}"
+        run = subprocess.run(
+            [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+        runs.append(run)
+        if run.returncode == 0 and ("--dump-dom" not in args or "</html>" in run.stdout):
+            return run.stdout
+        time.sleep(1 + attempt)
+    tails = "\n---\n".join(f"rc={r.returncode} stderr: {r.stderr[-1500:]}" for r in runs)
+    pytest.fail(f"chromium {' '.join(args)} gave no page in {attempts} attempts:\n{tails}")
 
 
 def dashboard_base(cluster) -> str:
@@ -64,18 +89,11 @@ def wait_for_report(collector: DaskCollector, frames: int, timeout: float = 30) 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
 def test_page_in_headless_chromium(cluster, client, tmp_path):
     url = dashboard_base(cluster) + "/daskcollect"
-    profile = str(tmp_path / "chromium-profile")
     with Collecting(client) as collector:
         wait_for_report(collector, frames=2000)
-        dom = subprocess.run(
-            [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=2000", "--dump-dom", url],
-            capture_output=True, text=True, timeout=90,
-        ).stdout  # fmt: skip
+        dom = chromium(tmp_path, "--virtual-time-budget=2000", "--dump-dom", url)
         shot = os.environ.get("DASKCOLLECT_SCREENSHOT") or str(tmp_path / "dashboard.png")
-        subprocess.run(
-            [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--window-size=1100,420", f"--screenshot={shot}", url],
-            capture_output=True, timeout=90,
-        )  # fmt: skip
+        chromium(tmp_path, "--window-size=1100,420", f"--screenshot={shot}", url)
         workers = collector.workers
     assert "daskcollect: collectors" in dom and "(collecting)" in dom
     for address in workers:  # one row per collector, naming its worker
