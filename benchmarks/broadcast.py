@@ -6,7 +6,11 @@ state-dict size and worker count:
 - ``update``: ``update_policy_weights_()`` until every collector has loaded the
   weights: the update, then one sync batch of one frame per collector (each
   call loads the new weights before its step), minus the median time of that
-  batch without new weights;
+  batch without new weights. The workers share the driver's host, so the
+  weights go through shared memory (the default route there);
+- ``update_dask``: the same with ``daskcollect.weights.shared-memory`` off, so
+  that the weights go through one Dask scatter replicated between the
+  workers: the route to workers on other hosts;
 - ``p2p``: one ``scatter`` of the same serialized payload to one worker;
 - ``naive``: one ``scatter`` per worker, one after the other (the transfers
   alone: a lower bound for a loop that sends the weights to each collector).
@@ -26,6 +30,7 @@ import statistics
 import time
 import warnings
 
+import dask
 import torch
 from _common import header, save
 from distributed import Client, LocalCluster
@@ -53,9 +58,8 @@ def seconds(fn) -> float:
     return time.perf_counter() - start
 
 
-def measure(client: Client, n: int, nbytes: int, repeats: int) -> dict[str, float]:
-    module = BallastPolicy(nbytes)
-    policy = TensorDictModule(module, in_keys=["observation"], out_keys=["action"])
+def time_update(client: Client, module: BallastPolicy, policy, n: int, repeats: int) -> list[float]:
+    """Per-repeat seconds of an update until every collector has loaded it (see the docstring)."""
     with DaskCollector(
         make_cartpole, policy, frames_per_batch=n, total_frames=-1, num_collectors=n, sync=True, client=client
     ) as collector:
@@ -67,6 +71,18 @@ def measure(client: Client, n: int, nbytes: int, repeats: int) -> dict[str, floa
             with torch.no_grad():
                 module.ballast.add_(1.0)
             update.append(seconds(lambda: (collector.update_policy_weights_(), next(it))) - baseline)
+    return update
+
+
+def measure(client: Client, n: int, nbytes: int, repeats: int) -> dict[str, float]:
+    module = BallastPolicy(nbytes)
+    policy = TensorDictModule(module, in_keys=["observation"], out_keys=["action"])
+    update = time_update(client, module, policy, n, repeats)
+    with dask.config.set({"daskcollect.weights.shared-memory": False}):
+        update_dask = time_update(client, module, policy, n, repeats)
+    with DaskCollector(
+        make_cartpole, policy, frames_per_batch=n, total_frames=-1, num_collectors=n, sync=True, client=client
+    ) as collector:
         ours = collector.client
         payload = WeightsPayload.from_tensordict(extract_weights(policy), 0)
         workers = collector.workers
@@ -81,9 +97,11 @@ def measure(client: Client, n: int, nbytes: int, repeats: int) -> dict[str, floa
     return {
         "bytes": payload.nbytes,
         "update_s": statistics.median(update),
+        "update_dask_s": statistics.median(update_dask),
         "p2p_s": statistics.median(p2p),
         "naive_s": statistics.median(naive),
         "raw_update_s": update,
+        "raw_update_dask_s": update_dask,
         "raw_p2p_s": p2p,
         "raw_naive_s": naive,
     }
@@ -107,10 +125,12 @@ def main() -> None:
             for n in args.workers:
                 r = {"size_mb": mb, "workers": n, **measure(client, n, int(mb * 1e6), args.repeats)}
                 r["update/p2p"] = r["update_s"] / r["p2p_s"]
+                r["update_dask/p2p"] = r["update_dask_s"] / r["p2p_s"]
                 r["naive/p2p"] = r["naive_s"] / r["p2p_s"]
                 rows.append(r)
                 print(f"{mb:6g} MB  {n} workers  update {1e3 * r['update_s']:8.1f} ms  p2p {1e3 * r['p2p_s']:7.1f} ms"
                       f"  naive {1e3 * r['naive_s']:8.1f} ms  update/p2p {r['update/p2p']:5.2f}"
+                      f"  dask route/p2p {r['update_dask/p2p']:5.2f}"
                       f"  naive/p2p {r['naive/p2p']:5.2f}", flush=True)  # fmt: skip
     save({**header("P3-broadcast", args), "rows": rows}, "broadcast", args.out)
 

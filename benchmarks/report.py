@@ -60,12 +60,13 @@ def tables() -> str:
     if broadcast:
         out += ["### P3: weight broadcast (medians)", "",
                 "| size | workers | `update_policy_weights_()` until loaded | one transfer | one send per worker "
-                "| update / transfer | per-worker loop / transfer |",
-                "|---|---|---|---|---|---|---|"]  # fmt: skip
+                "| update / transfer | Dask route / transfer | per-worker loop / transfer |",
+                "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in broadcast["rows"]:
+            dask_route = f"{r['update_dask/p2p']:.2f}" if "update_dask/p2p" in r else "–"
             out.append(f"| {r['size_mb']:g} MB | {r['workers']} | {1e3 * r['update_s']:.1f} ms | "
                        f"{1e3 * r['p2p_s']:.1f} ms | {1e3 * r['naive_s']:.1f} ms | **{r['update/p2p']:.2f}** | "
-                       f"{r['naive/p2p']:.2f} |")  # fmt: skip
+                       f"{dask_route} | {r['naive/p2p']:.2f} |")  # fmt: skip
         out.append("")
     datapath = load("datapath")
     if datapath:

@@ -24,6 +24,7 @@ from tensordict import TensorDictBase
 from daskcollect import config, serialization
 from daskcollect.errors import RolloutError, SharedFilesystemError
 from daskcollect.memmap import check_writable, write_batch
+from daskcollect.sharedmem import MappedFiles, Probe
 from daskcollect.weights import WeightsPayload, WeightsRef
 
 #: Trajectory ids of collector ``uid`` live in ``[uid << TRAJ_ID_BITS, (uid + 1) << TRAJ_ID_BITS)``.
@@ -43,6 +44,8 @@ class ActorSpec:
         restart_env_on_error: Rebuild the collector when a rollout raises
             (``on_env_error="restart"``) instead of raising.
         seed: Seed the envs with it once built (replacement collectors).
+        shared_memory: The driver's shared-memory probe: an actor that reads it
+            gets its weights from the driver's shared memory.
     """
 
     index: int
@@ -51,6 +54,7 @@ class ActorSpec:
     memmap_root: str | None = None
     restart_env_on_error: bool = False
     seed: int | None = None
+    shared_memory: Probe | None = None
 
 
 @serialization.register
@@ -113,6 +117,8 @@ class CollectorActor:
         self._restart_on_error = spec.restart_env_on_error
         self._recipe = cloudpickle.loads(recipe)
         self._weights: TensorDictBase | None = None  # the last weights loaded, kept for rebuilds
+        self._shared = spec.shared_memory is not None and spec.shared_memory.matches()
+        self._mapped = MappedFiles()
         self._build()
         if spec.seed is not None:
             self.set_seed(spec.seed)
@@ -123,7 +129,13 @@ class CollectorActor:
             gc.freeze()
 
     # --- weights -----------------------------------------------------------
+    def shares_driver_memory(self) -> bool:
+        """Whether this worker reads weights from the driver's shared memory."""
+        return self._shared
+
     def _fetch(self, ref: WeightsRef) -> WeightsPayload:
+        if ref.path is not None:
+            return self._mapped.read(ref)
         try:
             return self._worker.data[ref.key]
         except KeyError:
@@ -256,5 +268,6 @@ class CollectorActor:
     def close(self) -> None:
         """Shuts the TorchRL collector down (envs and any sub-processes)."""
         collector, self._collector = getattr(self, "_collector", None), None
+        self._mapped.clear()
         if collector is not None:
             collector.shutdown()

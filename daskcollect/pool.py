@@ -41,9 +41,14 @@ from daskcollect.errors import (
     RolloutError,
 )
 from daskcollect.retirement import ACTOR_KEY_PREFIX, TOPIC
+from daskcollect.sharedmem import SharedWeights, SharedWeightsDir
 from daskcollect.weights import WeightsPayload, WeightsRef
 
 logger = logging.getLogger(__name__)
+
+#: What keeps sent weights alive until no one needs them: their Dask future, or
+#: their shared-memory file. Both give the payload back with ``result(timeout)``.
+Held = Future | SharedWeights
 
 
 @dataclass
@@ -65,6 +70,7 @@ class Slot:
             version of the last one.
         retiring: Its worker is retiring gracefully: no new calls.
         retired: Its actor has been closed and released.
+        local: Its worker reads weights from the driver's shared memory.
     """
 
     index: int
@@ -73,7 +79,7 @@ class Slot:
     future: Future
     actor: Actor
     recipe: bytes
-    pending: tuple[WeightsRef, Future] | None = None
+    pending: tuple[WeightsRef, Held] | None = None
     batches_since_update: int = 0
     frames: int = 0
     seconds: float = 0.0
@@ -81,6 +87,7 @@ class Slot:
     policy_version: int = 0
     retiring: bool = False
     retired: bool = False
+    local: bool = False
 
 
 @dataclass
@@ -89,7 +96,7 @@ class InFlight:
 
     slot: Slot
     call: BaseActorFuture
-    weights: tuple[WeightsRef, Future] | None
+    weights: tuple[WeightsRef, Held] | None
     started: float = field(default_factory=time.monotonic)
 
 
@@ -148,9 +155,11 @@ class ActorPool:
         self._completed: queue.SimpleQueue[BaseActorFuture] = queue.SimpleQueue()
         self._next_liveness = 0.0
         # The latest weights sent to each collector index, and to anyone, for new actors.
-        self._latest: dict[int, tuple[WeightsRef, Future]] = {}
-        self._newest: tuple[WeightsRef, Future] | None = None
+        self._latest: dict[int, tuple[WeightsRef, Held]] = {}
+        self._newest: tuple[WeightsRef, Held] | None = None
         self._recipes: dict[int, bytes] = {}
+        # Weights for collectors on this host go through shared memory (None: off).
+        self._shm = SharedWeightsDir.create()
         # Graceful retirement: the event loop thread marks and releases slots,
         # the iteration thread submits calls; this lock orders the two.
         self._lock = threading.Lock()
@@ -220,7 +229,7 @@ class ActorPool:
             uid = next(self._uids)
             spec = ActorSpec(
                 index, uid, self.spec.track_policy_version, self.spec.memmap_root,
-                self.spec.restart_env_on_error, seed,
+                self.spec.restart_env_on_error, seed, self._shm.probe if self._shm else None,
             )  # fmt: skip
             uids.append(uid)
             futures.append(
@@ -271,10 +280,22 @@ class ActorPool:
                     indices=late,
                 )
             self._adopt_retiring(slots)
+            self._find_local(slots)
             return slots, lost
         except BaseException:
             self.client.cancel(futures)
             raise
+
+    def _find_local(self, slots: list[Slot]) -> None:
+        """Marks the slots whose worker reads the driver's shared memory (asked once, bounded)."""
+        if self._shm is None:
+            return
+        calls = [(slot, slot.actor.shares_driver_memory()) for slot in slots]
+        for slot, call in calls:
+            try:
+                slot.local = bool(call.result(timeout=config.timeout("call")))
+            except Exception as exc:  # its worker is leaving: the rollout path will tell
+                logger.debug("collector %d: no answer on shared memory (%s)", slot.index, exc)
 
     def start(self, recipes: list[bytes], addresses: list[str]) -> None:
         """Starts one actor per recipe, the i-th on ``addresses[i]``.
@@ -363,28 +384,42 @@ class ActorPool:
         return len(dropped)
 
     # --- weights -----------------------------------------------------------
-    def scatter_weights(self, payload: WeightsPayload, slots: list[Slot]) -> tuple[WeightsRef, Future] | None:
-        """Scatters ``payload`` once, replicated to ``slots``' workers by Dask.
+    def scatter_weights(self, payload: WeightsPayload, slots: list[Slot]) -> tuple[WeightsRef, Held] | None:
+        """Sends ``payload`` to ``slots``, its bytes written once per route.
 
-        Each slot sends the reference with its next rollout call.
+        Collectors on the driver's host get it through shared memory (one
+        write, no transfer); the others through one Dask scatter, replicated
+        between their workers by Dask. Each slot sends the reference with its
+        next rollout call.
+
+        Returns:
+            The last reference made (``None`` without slots).
         """
         if not slots:
             return None
-        addresses = sorted({s.address for s in slots})
-        future = self.client.scatter(
-            payload,
-            workers=addresses,
-            broadcast=len(addresses) > 1,
-            hash=False,
-            direct=True,
-            timeout=config.timeout("weights"),
-        )
-        pending = (WeightsRef(future.key, payload.version), future)
-        if self._newest is None or payload.version >= self._newest[0].version:
-            self._newest = pending
-        for slot in slots:
-            slot.pending = self._latest[slot.index] = pending
-            slot.batches_since_update = 0
+        routes: list[tuple[tuple[WeightsRef, Held], list[Slot]]] = []
+        local = [s for s in slots if s.local]
+        shared = self._shm.write(payload) if local and self._shm is not None else None
+        if shared is not None:
+            routes.append(((shared.ref(), shared), local))
+        remote = [s for s in slots if shared is None or not s.local]
+        if remote:
+            addresses = sorted({s.address for s in remote})
+            future = self.client.scatter(
+                payload,
+                workers=addresses,
+                broadcast=len(addresses) > 1,
+                hash=False,
+                direct=True,
+                timeout=config.timeout("weights"),
+            )
+            routes.append(((WeightsRef(future.key, payload.version), future), remote))
+        for pending, targets in routes:
+            if self._newest is None or payload.version >= self._newest[0].version:
+                self._newest = pending
+            for slot in targets:
+                slot.pending = self._latest[slot.index] = pending
+                slot.batches_since_update = 0
         return pending
 
     # --- rollouts ----------------------------------------------------------
@@ -592,3 +627,5 @@ class ActorPool:
         self._inflight.clear()
         self._latest.clear()
         self._newest = None
+        if self._shm is not None:
+            self._shm.close()

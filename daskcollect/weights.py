@@ -3,9 +3,10 @@
 The driver turns weights into a :class:`WeightsPayload` whose tensors are raw
 ``uint8`` NumPy views. Dask pickles NumPy arrays with protocol 5 out-of-band
 buffers, so the bytes are serialized once, without a copy, whatever the dtype
-(``bfloat16`` included). The payload is scattered once per update and
-replicated between workers by Dask; rollout calls only carry a small
-:class:`WeightsRef`.
+(``bfloat16`` included). Each update is written once: into shared memory for
+workers on the driver's host (:mod:`daskcollect.sharedmem`), and scattered
+once for workers elsewhere, replicated between them by Dask. Rollout calls only
+carry a small :class:`WeightsRef`.
 """
 
 from __future__ import annotations
@@ -94,12 +95,18 @@ class WeightsPayload:
 
 @dataclass(frozen=True)
 class WeightsRef:
-    """What a rollout call carries: the Dask key of a scattered payload.
+    """What a rollout call carries: where to find a weights version.
 
     Attributes:
-        key: The key of the scattered :class:`WeightsPayload`.
+        key: The Dask key of a scattered :class:`WeightsPayload` (``None`` for
+            weights in shared memory).
         version: Its version, so that a worker skips weights it already has.
+        path: A shared-memory file on the driver's host holding the weights
+            (:mod:`daskcollect.sharedmem`), for workers on that host.
+        layout: Where each tensor lies in that file.
     """
 
-    key: str
+    key: str | None
     version: int
+    path: str | None = None
+    layout: Any = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import dask
 import pytest
 import torch
 from tensordict import TensorDict
@@ -56,7 +57,14 @@ def probe(client, **kwargs) -> tuple:
     return policy, DaskCollector(make_cartpole, policy, client=client, **kwargs)
 
 
-def test_update_reaches_workers_only_after_update(client):
+@pytest.fixture(params=["shared-memory", "dask"])
+def route(request):
+    """Both ways weights reach the workers: shared memory (same host), or Dask (other hosts)."""
+    with dask.config.set({"daskcollect.weights.shared-memory": request.param == "shared-memory"}):
+        yield request.param
+
+
+def test_update_reaches_workers_only_after_update(client, route):
     policy, collector = probe(client, track_policy_version=True)
     with collector:
         it = iter(collector)
@@ -88,6 +96,8 @@ def test_update_reaches_workers_only_after_update(client):
 
         with pytest.raises(ConfigurationError, match="worker_ids"):
             collector.update_policy_weights_(worker_ids=[5])
+        # The workers share this host: the route taken is the one configured.
+        assert [s.local for s in collector._pool.slots] == [route == "shared-memory"] * 2
 
 
 def test_update_after_each_batch(client):
