@@ -286,6 +286,11 @@ class ActorPool:
             self.client.cancel(futures)
             raise
 
+    @property
+    def shares_memory(self) -> bool:
+        """Whether weights can go through this host's shared memory (then ``Slot.local`` is known)."""
+        return self._shm is not None
+
     def _find_local(self, slots: list[Slot]) -> None:
         """Marks the slots whose worker reads the driver's shared memory (asked once, bounded)."""
         if self._shm is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dask
 import pytest
 import torch
 from conftest import actors_on, children, wait_until
@@ -185,6 +186,24 @@ def test_private_cluster_leaves_no_process():
         assert len(children() - before) >= 2
         assert len(list(collector)) == 2
     assert wait_until(lambda: children() <= before, timeout=30)
+
+
+@pytest.mark.parametrize("setting", ["auto", 3, None])
+def test_driver_leaves_local_collectors_their_cores(client, setting):
+    """As TorchRL's multiprocess collectors: the learner's threads do not fight the rollouts for cores."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(4)
+        with dask.config.set({"daskcollect.driver.torch-threads": setting}):
+            with DaskCollector(
+                make_cartpole, frames_per_batch=50, total_frames=100, client=client
+            ) as collector:
+                during = torch.get_num_threads()
+                assert len(list(collector)) == 2
+        expected = {"auto": 4 - 2, 3: 3, None: 4}[setting]  # two collectors on this host
+        assert during == expected and torch.get_num_threads() == 4  # restored at shutdown
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_keyboard_interrupt_shuts_down_then_reraises(client):

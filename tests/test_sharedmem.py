@@ -10,11 +10,11 @@ import sys
 import dask
 import torch
 from tensordict import TensorDict
+from test_weights import per_collector, probe
 
 from daskcollect.sharedmem import MappedFiles, SharedWeightsDir, remove_stale
 from daskcollect.testing import set_constant_action
 from daskcollect.weights import WeightsPayload
-from tests.test_weights import per_collector, probe
 
 
 def weights(scale: float = 1.0) -> TensorDict:
