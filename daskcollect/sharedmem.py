@@ -86,6 +86,10 @@ class Layout:
     def views(self, mapping: np.ndarray) -> tuple:
         return tuple(mapping[o : o + n] for o, n in zip(self.offsets, self.sizes))
 
+    def payload(self, version: int, buffers: tuple) -> WeightsPayload:
+        """The payload of ``buffers`` laid out as described here."""
+        return WeightsPayload(version, self.keys, self.dtypes, self.shapes, buffers)
+
 
 class SharedWeights:
     """One weights version in a shared-memory file; the file is reused once this is garbage.
@@ -109,9 +113,7 @@ class SharedWeights:
 
     def result(self, timeout: float | None = None) -> WeightsPayload:
         """A copy of the weights (like ``Future.result``: to send them to a new actor)."""
-        buffers = tuple(v.copy() for v in self.layout.views(self._mapping))
-        lay = self.layout
-        return WeightsPayload(self.version, lay.keys, lay.dtypes, lay.shapes, buffers)
+        return self.layout.payload(self.version, tuple(v.copy() for v in self.layout.views(self._mapping)))
 
 
 class SharedWeightsDir:
@@ -218,8 +220,7 @@ class MappedFiles:
         self._maps[ref.path] = mapping
         while len(self._maps) > self._keep:
             self._maps.popitem(last=False)
-        lay = ref.layout
-        return WeightsPayload(ref.version, lay.keys, lay.dtypes, lay.shapes, lay.views(mapping))
+        return ref.layout.payload(ref.version, ref.layout.views(mapping))
 
     def clear(self) -> None:
         self._maps.clear()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -21,6 +21,9 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from daskcollect.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from daskcollect.sharedmem import Layout
 
 
 def extract_weights(source: Any) -> TensorDictBase:
@@ -109,4 +112,4 @@ class WeightsRef:
     key: str | None
     version: int
     path: str | None = None
-    layout: Any = None
+    layout: Layout | None = None
