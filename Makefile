@@ -30,8 +30,8 @@ test: lint docs
 
 # The benchmarks (docs/benchmarks.md): about 30 min on 2 cores; do not run anything else meanwhile.
 bench: install
-	$(PY) benchmarks/throughput.py --env CartPole-v1 --workers 2 --pairs 3
-	$(PY) benchmarks/throughput.py --env Pendulum-v1 --workers 2 --pairs 3
+	$(PY) benchmarks/throughput.py --env CartPole-v1 --workers 2 --pairs 7
+	$(PY) benchmarks/throughput.py --env Pendulum-v1 --workers 2 --pairs 7
 	$(PY) benchmarks/throughput.py --env CartPole-v1 --workers 2 --pairs 3 --against ray
 	$(PY) benchmarks/scaling.py --workers 4 8 16 --pairs 3
 	$(PY) benchmarks/broadcast.py --sizes-mb 1 10 100 --workers 2 4 8
@@ -46,7 +46,7 @@ bench-smoke: install
 	$(PY) benchmarks/throughput.py --total-frames 2000 --frames-per-batch 500 --pairs 1 --out $(SMOKE)/p1.json
 	$(PY) benchmarks/throughput.py --total-frames 2000 --frames-per-batch 500 --pairs 1 --against ray --out $(SMOKE)/p5.json
 	$(PY) benchmarks/scaling.py --workers 2 --seconds 1 --frames-per-batch 10 --pairs 1 --out $(SMOKE)/p2.json
-	$(PY) benchmarks/broadcast.py --sizes-mb 0.1 --workers 2 --repeats 2 --out $(SMOKE)/p3.json
+	$(PY) benchmarks/broadcast.py --sizes-mb 0.1 --workers 2 --repeats 2 --warmup 1 --out $(SMOKE)/p3.json
 	$(PY) benchmarks/datapath.py --repeats 1 --out $(SMOKE)/p4.json
 	$(PY) benchmarks/startup.py --workers 2 --pairs 1 --frames-per-batch 100 --out $(SMOKE)/p6.json
 	cp docs/benchmarks.md $(SMOKE)/benchmarks.md

@@ -5,8 +5,10 @@ state-dict size and worker count:
 
 - ``update``: ``update_policy_weights_()`` until every collector has loaded the
   weights: the update, then one sync batch of one frame per collector (each
-  call loads the new weights before its step), minus the median time of that
-  batch without new weights. The workers share the driver's host, so the
+  call loads the new weights before its step), minus the time of the same
+  batch without new weights, taken just before (paired, so that drift cancels;
+  where the update costs less than a batch's jitter, about 1 ms here, a
+  difference can come out negative). The workers share the driver's host, so the
   weights go through shared memory (the default route there);
 - ``update_dask``: the same with ``daskcollect.weights.shared-memory`` off, so
   that the weights go through one Dask scatter replicated between the
@@ -16,7 +18,10 @@ state-dict size and worker count:
   alone: a lower bound for a loop that sends the weights to each collector).
 
 The policy is a one-layer CartPole policy plus an unused parameter that brings
-its state dict to the size asked. Medians of --repeats.
+its state dict to the size asked. Medians of --repeats, after --warmup untimed
+rounds of each (the first versions create the shared-memory ring's files and
+the workers' mappings, which later versions reuse; a training run makes
+thousands of updates).
 
     python benchmarks/broadcast.py --sizes-mb 1 10 100 --workers 2 4 8
 
@@ -58,28 +63,32 @@ def seconds(fn) -> float:
     return time.perf_counter() - start
 
 
-def time_update(client: Client, module: BallastPolicy, policy, n: int, repeats: int) -> list[float]:
+def time_update(
+    client: Client, module: BallastPolicy, policy, n: int, repeats: int, warmup: int
+) -> list[float]:
     """Per-repeat seconds of an update until every collector has loaded it (see the docstring)."""
     with DaskCollector(
         make_cartpole, policy, frames_per_batch=n, total_frames=-1, num_collectors=n, sync=True, client=client
     ) as collector:
         it = iter(collector)
         next(it)
-        baseline = statistics.median(seconds(lambda: next(it)) for _ in range(repeats))
         update = []
-        for _ in range(repeats):
+        for i in range(warmup + repeats):
+            plain = seconds(lambda: next(it))
             with torch.no_grad():
                 module.ballast.add_(1.0)
-            update.append(seconds(lambda: (collector.update_policy_weights_(), next(it))) - baseline)
+            took = seconds(lambda: (collector.update_policy_weights_(), next(it))) - plain
+            if i >= warmup:
+                update.append(took)
     return update
 
 
-def measure(client: Client, n: int, nbytes: int, repeats: int) -> dict[str, float]:
+def measure(client: Client, n: int, nbytes: int, repeats: int, warmup: int) -> dict[str, float]:
     module = BallastPolicy(nbytes)
     policy = TensorDictModule(module, in_keys=["observation"], out_keys=["action"])
-    update = time_update(client, module, policy, n, repeats)
+    update = time_update(client, module, policy, n, repeats, warmup)
     with dask.config.set({"daskcollect.weights.shared-memory": False}):
-        update_dask = time_update(client, module, policy, n, repeats)
+        update_dask = time_update(client, module, policy, n, repeats, warmup)
     with DaskCollector(
         make_cartpole, policy, frames_per_batch=n, total_frames=-1, num_collectors=n, sync=True, client=client
     ) as collector:
@@ -92,8 +101,8 @@ def measure(client: Client, n: int, nbytes: int, repeats: int) -> dict[str, floa
                 future = ours.scatter(payload, workers=[address], direct=True, hash=False, timeout=120)
                 future.release()
 
-        p2p = [seconds(lambda: scatter_to(workers[:1])) for _ in range(repeats)]
-        naive = [seconds(lambda: scatter_to(workers)) for _ in range(repeats)]
+        p2p = [seconds(lambda: scatter_to(workers[:1])) for _ in range(warmup + repeats)][warmup:]
+        naive = [seconds(lambda: scatter_to(workers)) for _ in range(warmup + repeats)][warmup:]
     return {
         "bytes": payload.nbytes,
         "update_s": statistics.median(update),
@@ -113,7 +122,8 @@ def main() -> None:
     )
     parser.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 10, 100])
     parser.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=3, help="untimed rounds before the timed ones")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
@@ -123,7 +133,11 @@ def main() -> None:
     ) as cluster, Client(cluster, set_as_default=False) as client:  # fmt: skip
         for mb in args.sizes_mb:
             for n in args.workers:
-                r = {"size_mb": mb, "workers": n, **measure(client, n, int(mb * 1e6), args.repeats)}
+                r = {
+                    "size_mb": mb,
+                    "workers": n,
+                    **measure(client, n, int(mb * 1e6), args.repeats, args.warmup),
+                }
                 r["update/p2p"] = r["update_s"] / r["p2p_s"]
                 r["update_dask/p2p"] = r["update_dask_s"] / r["p2p_s"]
                 r["naive/p2p"] = r["naive_s"] / r["p2p_s"]

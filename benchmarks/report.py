@@ -105,7 +105,7 @@ def plot(png: str) -> None:
         against = "Ray" if r["args"].get("against") == "ray" else "TorchRL"
         for key, v in r["median_ratios"].items():
             if "/limit" not in key:
-                labels.append(f"{r['args']['env'].split('-')[0]}\n{key.split('/')[0][5:]} vs {against}")
+                labels.append(f"{r['args']['env'].split('-')[0]}\n{key.split('/')[0][5:]}\nvs {against}")
                 values.append(v)
     b.bar(range(len(values)), values, color="tab:blue")
     b.axhline(1.0, color="k", lw=0.8, ls="--")
