@@ -28,7 +28,7 @@ docs: install
 test: lint docs
 	$(PY) -m pytest
 
-# The benchmarks (docs/benchmarks.md): about 30 min on 2 cores; do not run anything else meanwhile.
+# The benchmarks (docs/benchmarks.md): about 20 min on 2 cores (measured 2026-12-02); do not run anything else meanwhile.
 bench: install
 	$(PY) benchmarks/throughput.py --env CartPole-v1 --workers 2 --pairs 7
 	$(PY) benchmarks/throughput.py --env Pendulum-v1 --workers 2 --pairs 7

@@ -4,7 +4,7 @@ The sides run interleaved (A B A B ...) in one process, on the same machine,
 and the report is the median ratio over the pairs, since absolute times drift
 on shared machines. The first batch of every run is excluded from timing.
 
-    python benchmarks/throughput.py --env CartPole-v1 --workers 2 --pairs 3
+    python benchmarks/throughput.py --env CartPole-v1 --workers 2 --pairs 7
     python benchmarks/throughput.py --against ray      # P5: TorchRL's RayCollector instead
 
 Ray (the ``bench`` extra) runs a local Ray instance on 127.0.0.1 with as many
