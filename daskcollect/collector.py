@@ -831,9 +831,11 @@ class DaskCollector(BaseCollector):
     ) -> None:
         """Sends new policy weights to the collectors, serialized once.
 
-        The weights are scattered once and replicated between workers by Dask;
-        each collector loads them in place before its next rollout (a rollout
-        already running finishes on the weights it started with).
+        Collectors on the driver's host read them from one shared-memory file
+        written once; collectors on other hosts get one Dask scatter,
+        replicated between their workers. Each collector loads them in place
+        before its next rollout (a rollout already running finishes on the
+        weights it started with).
 
         Args:
             policy_or_weights: An ``nn.Module``, a TensorDict of weights or a
