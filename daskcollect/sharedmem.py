@@ -130,7 +130,8 @@ class SharedWeightsDir:
         with open(probe, "w") as f:
             f.write(token)
         self.probe = Probe(probe, token)
-        self._lock = threading.Lock()
+        # Reentrant: a handle's finalizer (which takes it) may run on a thread that holds it.
+        self._lock = threading.RLock()
         self._free: dict[int, list[str]] = {}  # size -> files no handle owns
         self._maps: dict[str, np.ndarray] = {}
         self._count = 0
@@ -157,17 +158,17 @@ class SharedWeightsDir:
             if self._closed:
                 return None
             path = self._free.get(size, []).pop() if self._free.get(size) else None
-        if path is None:
-            # Room for this file and for the next version while this one is in use.
-            if shutil.disk_usage(self.path).free < 3 * size:
-                logger.info("weights go through Dask: %s has no room for %d bytes", self.path, size)
-                return None
-            self._count += 1
-            path = os.path.join(self.path, f"weights-{self._count}")
-            with open(path, "wb") as f:
-                f.truncate(size)
-            self._maps[path] = np.memmap(path, dtype=np.uint8, mode="r+", shape=(size,))
-        mapping = self._maps[path]
+            if path is None:
+                # Room for this file and for the next version while this one is in use.
+                if shutil.disk_usage(self.path).free < 3 * size:
+                    logger.info("weights go through Dask: %s has no room for %d bytes", self.path, size)
+                    return None
+                self._count += 1
+                path = os.path.join(self.path, f"weights-{self._count}")
+                with open(path, "wb") as f:
+                    f.truncate(size)
+                self._maps[path] = np.memmap(path, dtype=np.uint8, mode="r+", shape=(size,))
+            mapping = self._maps[path]
         for view, buf in zip(layout.views(mapping), payload.buffers):
             view[:] = np.frombuffer(buf, dtype=np.uint8)
         return SharedWeights(path, layout, payload.version, mapping, self._release)
