@@ -63,6 +63,11 @@ def seconds(fn) -> float:
     return time.perf_counter() - start
 
 
+def after_warmup(measure_once, repeats: int, warmup: int) -> list[float]:
+    """``measure_once()`` over ``warmup + repeats`` calls, the warm-up ones dropped."""
+    return [measure_once() for _ in range(warmup + repeats)][warmup:]
+
+
 def time_update(
     client: Client, module: BallastPolicy, policy, n: int, repeats: int, warmup: int
 ) -> list[float]:
@@ -72,15 +77,14 @@ def time_update(
     ) as collector:
         it = iter(collector)
         next(it)
-        update = []
-        for i in range(warmup + repeats):
+
+        def paired() -> float:
             plain = seconds(lambda: next(it))
             with torch.no_grad():
                 module.ballast.add_(1.0)
-            took = seconds(lambda: (collector.update_policy_weights_(), next(it))) - plain
-            if i >= warmup:
-                update.append(took)
-    return update
+            return seconds(lambda: (collector.update_policy_weights_(), next(it))) - plain
+
+        return after_warmup(paired, repeats, warmup)
 
 
 def measure(client: Client, n: int, nbytes: int, repeats: int, warmup: int) -> dict[str, float]:
@@ -101,8 +105,8 @@ def measure(client: Client, n: int, nbytes: int, repeats: int, warmup: int) -> d
                 future = ours.scatter(payload, workers=[address], direct=True, hash=False, timeout=120)
                 future.release()
 
-        p2p = [seconds(lambda: scatter_to(workers[:1])) for _ in range(warmup + repeats)][warmup:]
-        naive = [seconds(lambda: scatter_to(workers)) for _ in range(warmup + repeats)][warmup:]
+        p2p = after_warmup(lambda: seconds(lambda: scatter_to(workers[:1])), repeats, warmup)
+        naive = after_warmup(lambda: seconds(lambda: scatter_to(workers)), repeats, warmup)
     return {
         "bytes": payload.nbytes,
         "update_s": statistics.median(update),
