@@ -95,7 +95,7 @@ def test_page_in_headless_chromium(cluster, client, tmp_path):
     with Collecting(client) as collector:
         wait_for_report(collector, frames=2000)
         # The page refreshes itself every 2 s: a virtual-time budget of 2000 ms let the refresh start
-        # as the budget ran out, and Chromium printed an empty DOM (9 of 12 runs here; 0 of 12 at 500).
+        # as the budget ran out, and Chromium printed an empty DOM (9 of 12 runs here; 0 of 36 at 500).
         dom = chromium(tmp_path, "--virtual-time-budget=500", "--dump-dom", url)
         shot = os.environ.get("DASKCOLLECT_SCREENSHOT") or str(tmp_path / "dashboard.png")
         chromium(tmp_path, "--window-size=1100,420", f"--screenshot={shot}", url)
