@@ -97,7 +97,7 @@ def measure(client: Client, n: int, nbytes: int, repeats: int, warmup: int) -> d
         make_cartpole, policy, frames_per_batch=n, total_frames=-1, num_collectors=n, sync=True, client=client
     ) as collector:
         ours = collector.client
-        payload = WeightsPayload.from_tensordict(extract_weights(policy), 0)
+        payload = WeightsPayload.pack(extract_weights(policy), 0)
         workers = collector.workers
 
         def scatter_to(addresses):

@@ -29,8 +29,8 @@ from distributed import Client, LocalCluster
 from distributed.protocol import serialize
 from tensordict import TensorDict
 
-import daskcollect.serialization  # noqa: F401  (registers the serializer)
 from daskcollect.memmap import write_batch
+from daskcollect.serialization import register_serializers
 
 warnings.filterwarnings("ignore")
 _CACHE: dict = {}
@@ -75,6 +75,7 @@ def in_band_bytes(obj) -> tuple[int, int]:
 
 
 def main() -> None:
+    register_serializers()  # as a DaskCollector does
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -4,13 +4,23 @@ The public names:
 
 - :class:`DaskCollector`, a TorchRL ``BaseCollector`` whose collectors live in
   Dask worker processes as actors;
+- :class:`MemmapBatch`, the handle yielded with ``output="memmap"``;
 - the typed exceptions of :mod:`daskcollect.errors`.
+
+Importing daskcollect registers its defaults under ``dask.config``'s
+``daskcollect`` key and nothing else. ``DaskCollector`` and ``MemmapBatch``
+load torch, tensordict and TorchRL on first use, so that a worker unpickling
+daskcollect's plugin, or ``daskcollect --help``, does not pay for them. Dask
+serializers are registered when a collector is built (and on each worker by
+its plugin).
 """
 
 from __future__ import annotations
 
-from daskcollect import config as _config  # noqa: F401  (registers dask.config defaults)
-from daskcollect.collector import DaskCollector
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from daskcollect import settings as _settings  # noqa: F401  (registers the dask.config defaults)
 from daskcollect.errors import (
     ClusterConnectionError,
     CollectorBuildError,
@@ -19,6 +29,7 @@ from daskcollect.errors import (
     CollectorTimeoutError,
     ConfigurationError,
     DaskCollectError,
+    DaskVersionError,
     EndlessCollectionError,
     EnvConstructionError,
     NotEnoughWorkersError,
@@ -27,9 +38,27 @@ from daskcollect.errors import (
     RolloutError,
     SharedFilesystemError,
 )
-from daskcollect.memmap import MemmapBatch
+
+if TYPE_CHECKING:
+    from daskcollect.collector import DaskCollector
+    from daskcollect.memmap import MemmapBatch
 
 __version__ = "0.1.0"
+
+_LAZY = {"DaskCollector": "daskcollect.collector", "MemmapBatch": "daskcollect.memmap"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'daskcollect' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "ClusterConnectionError",
@@ -40,9 +69,10 @@ __all__ = [
     "ConfigurationError",
     "DaskCollectError",
     "DaskCollector",
-    "MemmapBatch",
+    "DaskVersionError",
     "EndlessCollectionError",
     "EnvConstructionError",
+    "MemmapBatch",
     "NotEnoughWorkersError",
     "PolicyFactoryError",
     "PolicySerializationError",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,9 +18,10 @@ from typing import Any
 import dask.config
 from distributed import Client, LocalCluster
 
-from daskcollect import config
 from daskcollect.errors import ClusterConnectionError, NotEnoughWorkersError
 from daskcollect.options import ClusterOptions
+from daskcollect.polling import poll_until
+from daskcollect.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -54,23 +54,24 @@ class ClusterHandle:
                 self.cluster.close(timeout=timeout)
 
 
-def connect(options: ClusterOptions, n_workers: int) -> ClusterHandle:
+def connect(options: ClusterOptions, n_workers: int, settings: Settings) -> ClusterHandle:
     """Connects to the cluster that ``options`` names, or starts a private one.
 
     Args:
         options: Where to run.
         n_workers: Workers of a private ``LocalCluster``.
+        settings: The validated ``daskcollect`` settings.
 
     Raises:
         ClusterConnectionError: If the scheduler cannot be reached within
             ``daskcollect.timeouts.connect``.
     """
-    timeout = config.timeout("connect")
+    timeout = settings.timeouts.connect
     target = options.client
     if target is None and options.scheduler_file is None:
         # The nanny hands the current dask.config to the worker processes.
-        with dask.config.set(config.get("local-cluster.cluster-config") or {}):
-            cluster = _local_cluster(options, n_workers)
+        with dask.config.set(settings.local_cluster_config):
+            cluster = _local_cluster(options, n_workers, settings)
         try:
             client = Client(cluster, direct_to_workers=True, set_as_default=False, timeout=timeout)
         except BaseException:
@@ -80,13 +81,13 @@ def connect(options: ClusterOptions, n_workers: int) -> ClusterHandle:
     return _connect_existing(options, timeout)
 
 
-def _local_cluster(options: ClusterOptions, n_workers: int) -> LocalCluster:
+def _local_cluster(options: ClusterOptions, n_workers: int, settings: Settings) -> LocalCluster:
     return LocalCluster(
         n_workers=n_workers,
         threads_per_worker=1,
         processes=True,
-        host=config.get("local-cluster.host"),
-        dashboard_address=config.get("local-cluster.dashboard-address"),
+        host=settings.local_host,
+        dashboard_address=settings.local_dashboard_address,
         resources=dict(options.worker_resources) if options.worker_resources else None,
         security=options.security,
     )
@@ -153,31 +154,34 @@ def wait_for_workers(
     Raises:
         NotEnoughWorkersError: If fewer than ``n`` are there after ``timeout``.
     """
-    deadline = time.monotonic() + timeout
-    while True:
-        found = eligible_workers(client, resources)
-        if len(found) >= n:
-            return found
-        if time.monotonic() >= deadline:
-            what = f" declaring resources {dict(resources)}" if resources else ""
-            raise NotEnoughWorkersError(
-                f"Needed {n} workers{what} (one per collector) but found {len(found)} after "
-                f"{timeout:g}s. Start more workers, lower num_collectors, or raise "
-                "daskcollect.timeouts.workers.",
-                needed=n,
-                found=len(found),
-            )
-        time.sleep(0.1)
+    found: list[str] = []
+
+    def enough() -> list[str] | None:
+        found[:] = eligible_workers(client, resources)
+        return list(found) if len(found) >= n else None
+
+    return poll_until(enough, timeout, fail=lambda: not_enough_workers(n, len(found), resources, timeout))
 
 
-def live_workers(client: Client) -> set[str]:
+def not_enough_workers(
+    needed: int, found: int, resources: Mapping[str, float] | None, timeout: float
+) -> NotEnoughWorkersError:
+    """The error for too few free eligible workers after ``timeout``."""
+    what = f" declaring resources {dict(resources)}" if resources else ""
+    return NotEnoughWorkersError(
+        f"Needed {needed} workers{what} (one per collector) but found {found} free after {timeout:g}s. "
+        "Start more workers, lower num_collectors, or raise daskcollect.timeouts.workers.",
+        needed=needed,
+        found=found,
+    )
+
+
+def live_workers(client: Client, timeout: float) -> set[str]:
     """The addresses of the workers the scheduler knows now (one bounded RPC).
 
     Raises:
-        ClusterConnectionError: If the scheduler does not answer within
-            ``daskcollect.timeouts.connect``.
+        ClusterConnectionError: If the scheduler does not answer within ``timeout``.
     """
-    timeout = config.timeout("connect")
     try:
         # ncores: {address: threads}, far lighter than the scheduler's identity.
         info = client.sync(client.scheduler.ncores, callback_timeout=timeout)

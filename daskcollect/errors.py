@@ -83,3 +83,7 @@ class CollectorTimeoutError(DaskCollectError, TimeoutError):
 
 class CollectorClosedError(DaskCollectError, RuntimeError):
     """The collector was used after :meth:`~daskcollect.DaskCollector.shutdown`."""
+
+
+class DaskVersionError(DaskCollectError, RuntimeError):
+    """The installed ``distributed`` lacks an internal that daskcollect relies on."""

@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -147,10 +147,7 @@ class MemmapLedger:
 
     def track(self, batch: MemmapBatch) -> MemmapBatch:
         """Registers a batch about to be yielded, and applies keep-last-K retention."""
-        batch = MemmapBatch(
-            batch.paths, batch.batch_size, batch.collectors, batch.rollout_ids,
-            batch.policy_versions, batch.frames, self,
-        )  # fmt: skip
+        batch = replace(batch, _ledger=self)
         with self._cond:
             self._live[batch.paths] = batch
             self._order.append(batch)

@@ -8,40 +8,39 @@ collector's rollout in flight would be lost.
 
 :class:`GracefulRetirement` wraps the scheduler's ``retire_workers`` handler.
 Before Dask's own retirement starts, it announces the leaving workers on the
-:data:`TOPIC` event topic and waits (bounded by
+:data:`RETIRING_TOPIC` event topic and waits (bounded by
 ``daskcollect.timeouts.retire``) until every daskcollect actor on them has been
-released. Each ``DaskCollector`` listens on that topic: it stops sending calls
-to those collectors, lets the calls in flight finish (their batches are
-yielded as usual), closes the collectors and releases the actors. Dask's
-retirement then proceeds as for any worker. Without daskcollect actors on the
-leaving workers, the handler is Dask's own.
+released. On the driver, each collection's :class:`RetirementWatcher` listens
+on that topic: it stops calls to those collectors, lets the calls in flight
+finish (their batches are yielded as usual), closes the collectors and
+releases the actors, and hands the released slots to the engine, which counts
+them and reconciles. Dask's retirement then proceeds as for any worker.
+Without daskcollect actors on the leaving workers, the handler is Dask's own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import time
 import warnings
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from daskcollect import config
+from daskcollect import _dask
+from daskcollect.polling import apoll_until, poll_until
+from daskcollect.pool import ACTOR_KEY_PREFIX, ActorPool, Slot
 
 logger = logging.getLogger(__name__)
 
-TOPIC = "daskcollect-retiring"
-ACTOR_KEY_PREFIX = "daskcollect-actor-"
-PLUGIN_NAME = "daskcollect-graceful-retirement"
+RETIRING_TOPIC = "daskcollect-retiring"
+RETIREMENT_PLUGIN = "daskcollect-graceful-retirement"
 
 
 def collector_actors(scheduler: Any, address: str) -> list[str]:
     """Keys of the daskcollect actors that the worker at ``address`` holds."""
-    ws = scheduler.workers.get(address)
-    if ws is None:
-        return []
-    return [str(ts.key) for ts in ws.actors if str(ts.key).startswith(ACTOR_KEY_PREFIX)]
+    return [k for k in _dask.actor_keys(scheduler, address) if k.startswith(ACTOR_KEY_PREFIX)]
 
 
 def _named(name: str, wanted: set[str]) -> bool:
@@ -58,18 +57,23 @@ class GracefulRetirement(SchedulerPlugin):
 
     Registered (idempotently) by every ``DaskCollector``; inert when no
     collector actor is on a leaving worker. ``close()`` restores Dask's handler.
+
+    Args:
+        timeout: How long a retirement waits for the collectors' release
+            (``daskcollect.timeouts.retire`` of the first collection that registered it).
     """
 
-    name = PLUGIN_NAME
+    name = RETIREMENT_PLUGIN
     idempotent = True
 
-    def __init__(self) -> None:
+    def __init__(self, timeout: float = 60.0) -> None:
+        self.timeout = timeout
         self._scheduler: Any = None
         self._original: Any = None
 
     async def start(self, scheduler: Any) -> None:
         self._scheduler = scheduler
-        current = scheduler.handlers["retire_workers"]
+        current = _dask.retire_handler(scheduler)
         if getattr(current, "_daskcollect", False):
             return  # another instance already wrapped it
         self._original = current
@@ -78,11 +82,11 @@ class GracefulRetirement(SchedulerPlugin):
             return await self._retire(kwargs)
 
         retire_workers._daskcollect = True  # type: ignore[attr-defined]
-        scheduler.handlers["retire_workers"] = retire_workers
+        _dask.set_retire_handler(scheduler, retire_workers)
 
     async def close(self) -> None:
         if self._scheduler is not None and self._original is not None:
-            self._scheduler.handlers["retire_workers"] = self._original
+            _dask.set_retire_handler(self._scheduler, self._original)
             self._original = None
 
     def _targets(self, kwargs: dict[str, Any]) -> list[str]:
@@ -106,23 +110,21 @@ class GracefulRetirement(SchedulerPlugin):
                 # Retire exactly the workers announced, not a new choice after the wait.
                 kwargs = {k: v for k, v in kwargs.items() if k not in ("n", "memory_ratio")}
                 kwargs["workers"] = targets
-            scheduler.log_event(TOPIC, {"workers": busy})
-            timeout = config.timeout("retire")
-            deadline = time.monotonic() + timeout
-            while any(collector_actors(scheduler, a) for a in busy):
-                if time.monotonic() > deadline:
-                    logger.warning(
-                        "daskcollect: collectors on %s were not released within %gs "
-                        "(daskcollect.timeouts.retire); Dask will refuse to retire those workers",
-                        busy,
-                        timeout,
-                    )
-                    break
-                await asyncio.sleep(0.05)
+            scheduler.log_event(RETIRING_TOPIC, {"workers": busy})
+            released = await apoll_until(
+                lambda: not any(collector_actors(scheduler, a) for a in busy), self.timeout
+            )
+            if not released:
+                logger.warning(
+                    "daskcollect: collectors on %s were not released within %gs "
+                    "(daskcollect.timeouts.retire); Dask will refuse to retire those workers",
+                    busy,
+                    self.timeout,
+                )
         return await self._original(**kwargs)
 
 
-def register(client: Any) -> bool:
+def install_retirement_hook(client: Any, timeout: float) -> bool:
     """Installs :class:`GracefulRetirement` on the client's scheduler (once per scheduler).
 
     Returns:
@@ -131,7 +133,7 @@ def register(client: Any) -> bool:
         loses the rollout in flight, as a lost worker does.
     """
     try:
-        client.register_plugin(GracefulRetirement(), name=PLUGIN_NAME)
+        client.register_plugin(GracefulRetirement(timeout), name=RETIREMENT_PLUGIN)
     except Exception as exc:
         warnings.warn(
             f"daskcollect could not install its retirement hook on the scheduler ({type(exc).__name__}: "
@@ -142,3 +144,77 @@ def register(client: Any) -> bool:
         )
         return False
     return True
+
+
+class RetirementWatcher:
+    """The driver's side: stops calls to collectors on retiring workers and releases their actors.
+
+    Runs on the client's event loop (the topic's handler and the completion
+    callbacks); the iteration thread collects the released slots with
+    :meth:`take_retired`.
+
+    Args:
+        client: Our ``Client``.
+        pool: The collection's pool.
+        timeout: Bound on closing one actor, and on :meth:`take_retired`'s wait.
+    """
+
+    def __init__(self, client: Any, pool: ActorPool, timeout: float):
+        self.client, self.pool, self.timeout = client, pool, timeout
+        pool.on_retiring_call_done = self.release_if_idle
+        client.subscribe_topic(RETIRING_TOPIC, self._on_retiring)
+
+    async def _on_retiring(self, event: tuple[float, dict]) -> None:
+        """Handles the scheduler plugin's announcement of workers about to retire."""
+        _, msg = event
+        addresses = set(msg.get("workers", ()))
+        with self.pool.lock:
+            self.pool.retiring_workers |= addresses
+        for slot in self._mark(addresses):
+            await self.release_if_idle(slot)
+
+    def _mark(self, addresses: set[str]) -> list[Slot]:
+        slots = [s for s in self.pool.slots if s.address in addresses and not s.retiring]
+        with self.pool.lock:  # submit() reads the flag under it
+            for slot in slots:
+                slot.retiring = True
+        return slots
+
+    def adopt(self, slots: list[Slot]) -> None:
+        """Marks new slots whose worker began retiring while they were being built."""
+        for slot in self._mark({s.address for s in slots} & self.pool.retiring_workers):
+            self.client.loop.add_callback(self.release_if_idle, slot)
+
+    async def release_if_idle(self, slot: Slot) -> None:
+        """Closes and releases a retiring slot's actor once no call of it runs."""
+        running = {f.slot for f in self.pool.running()}
+        with self.pool.lock:
+            if slot.retired or slot in running:
+                return
+            slot.retired = True
+        try:
+            await asyncio.wait_for(slot.actor.close(), self.timeout)
+        except Exception as exc:  # the worker may already be closing: releasing is what matters
+            logger.debug("closing retiring collector %d: %s", slot.index, exc)
+        await _dask.cancel(self.client, [slot.future], reason="daskcollect: worker retiring")
+        logger.info("collector %d released: its worker %s is retiring", slot.index, slot.address)
+
+    def take_retired(self, wait: bool) -> list[Slot]:
+        """Removes and returns the slots released for a graceful retirement.
+
+        Args:
+            wait: Also wait (bounded) for retiring slots with no call running
+                to be released, so that none is left half-way (sync mode).
+        """
+        if wait:
+
+            def settled() -> bool:
+                busy = {f.slot for f in self.pool.running()}
+                return not any(s.retiring and not s.retired and s not in busy for s in self.pool.slots)
+
+            poll_until(settled, self.timeout, interval=0.02)
+        return self.pool.take_retired()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.client.unsubscribe_topic(RETIRING_TOPIC)

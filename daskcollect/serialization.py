@@ -8,8 +8,10 @@ pickle protocol 5 hands out as a separate buffer: Dask sends those buffers as
 frames that reference the tensors' memory. On the receiving side the tensors
 are rebuilt over the received frames, without another copy.
 
-Importing this module registers the serializer; the worker plugin imports it
-on every worker.
+Importing this module changes nothing: :func:`register_serializers` installs
+the serializer, called by each ``DaskCollector`` on the driver and by the
+worker plugin on every worker, so a user's process is only affected once it
+builds a collector.
 """
 
 from __future__ import annotations
@@ -24,11 +26,21 @@ from distributed.protocol.serialize import dask_deserialize, dask_serialize
 from tensordict import TensorDictBase
 
 
-def _rebuild_tensor(data: Any, dtype: torch.dtype, shape: tuple, requires_grad: bool) -> torch.Tensor:
+def byte_view(tensor: torch.Tensor) -> np.ndarray:
+    """A flat ``uint8`` NumPy view of a CPU tensor's data (copied only if not contiguous)."""
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
+def from_byte_view(data: Any, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+    """The inverse of :func:`byte_view`: a tensor over ``data``'s memory (copied if read-only)."""
     array = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
     if not array.flags.writeable:
         array = array.copy()  # torch tensors must own writable memory
-    tensor = torch.from_numpy(array).view(dtype).reshape(shape)
+    return torch.from_numpy(array).view(dtype).reshape(shape)
+
+
+def _rebuild_tensor(data: Any, dtype: torch.dtype, shape: tuple, requires_grad: bool) -> torch.Tensor:
+    tensor = from_byte_view(data, dtype, shape)
     if requires_grad:
         tensor.requires_grad_()
     return tensor
@@ -39,8 +51,7 @@ class _OutOfBandPickler(pickle.Pickler):
 
     def reducer_override(self, obj):
         if type(obj) is torch.Tensor and obj.device.type == "cpu" and obj.layout == torch.strided:
-            flat = obj.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-            return _rebuild_tensor, (flat, obj.dtype, tuple(obj.shape), obj.requires_grad)
+            return _rebuild_tensor, (byte_view(obj), obj.dtype, tuple(obj.shape), obj.requires_grad)
         return NotImplemented
 
 
@@ -72,15 +83,19 @@ def _deserialize(header: dict, frames: list) -> Any:
     return loads(frames)
 
 
-def register(cls: type) -> type:
-    """Makes Dask serialize ``cls`` (and its subclasses) with :func:`dumps`.
-
-    Usable as a class decorator, for containers of TensorDicts such as
-    :class:`~daskcollect.actor.Rollout`.
-    """
+def _register(cls: type) -> None:
     dask_serialize.register(cls)(_serialize)
     dask_deserialize.register(cls)(_deserialize)
-    return cls
 
 
-register(TensorDictBase)
+def register_serializers() -> None:
+    """Makes Dask serialize TensorDicts and daskcollect's containers of them with :func:`dumps`.
+
+    Idempotent. Covers ``TensorDictBase`` (and subclasses), the rollout record
+    and the weights payload.
+    """
+    from daskcollect.weights.payload import WeightsPayload
+    from daskcollect.worker.rollout import Rollout
+
+    for cls in (TensorDictBase, Rollout, WeightsPayload):
+        _register(cls)

@@ -11,8 +11,8 @@ from torchrl.collectors import BaseCollector, Collector
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from daskcollect import CollectorClosedError, DaskCollector, EndlessCollectionError
-from daskcollect.actor import TRAJ_ID_BITS
 from daskcollect.testing import cartpole_policy, make_cartpole
+from daskcollect.worker.rollout import TRAJ_ID_BITS
 
 
 @pytest.mark.parametrize("sync", [True, False])
@@ -216,7 +216,7 @@ def test_keyboard_interrupt_shuts_down_then_reraises(client):
     with pytest.raises(KeyboardInterrupt):
         for _ in collector:
             pass
-    assert collector._closed
+    assert collector.closed
     assert wait_until(lambda: sum(len(v) for v in actors_on(client).values()) == 0)
 
 

@@ -137,7 +137,7 @@ def test_rollout_error_names_worker_and_collector(client):
     assert "on worker tcp://127.0.0.1:" in message
     assert "collector 0" in message or "collector 1" in message
     assert "step budget exhausted" in message and "Traceback" in message
-    assert collector._closed  # TorchRL's contract: an error shuts the collector down
+    assert collector.closed  # TorchRL's contract: an error shuts the collector down
     assert wait_until(lambda: no_actors(client))
 
 

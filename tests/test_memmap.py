@@ -23,11 +23,12 @@ from daskcollect import (
     MemmapBatch,
     SharedFilesystemError,
 )
-from daskcollect.actor import ActorSpec
 from daskcollect.memmap import TMP_PREFIX, check_writable
 from daskcollect.pool import ActorPool
-from daskcollect.recipe import CollectorRecipe
+from daskcollect.settings import Settings
 from daskcollect.testing import cartpole_policy, make_cartpole, make_pixel_env
+from daskcollect.worker.recipe import CollectorRecipe
+from daskcollect.worker.rollout import ActorSpec
 
 
 def folders(root) -> list[str]:
@@ -45,7 +46,7 @@ def test_handles_load_what_the_workers_collected(client, tmp_path):
     with seeded(client) as collector:
         expected = list(collector)
     with seeded(client, output="memmap", memmap_dir=tmp_path) as collector:
-        root = collector._ledger.root
+        root = collector.engine.ledger.root
         for batch, want in zip(collector, expected):
             assert isinstance(batch, MemmapBatch)
             assert batch.batch_size == want.batch_size == torch.Size([2, 30])
@@ -66,7 +67,7 @@ def test_async_handles_and_keep_last_k(client, tmp_path):
         make_cartpole, frames_per_batch=50, total_frames=300, output="memmap", memmap_dir=tmp_path,
         memmap_retention=2, client=client,
     ) as collector:  # fmt: skip
-        root = collector._ledger.root
+        root = collector.engine.ledger.root
         handles = []
         for batch in collector:
             handles.append(batch)
@@ -97,7 +98,7 @@ def test_back_pressure_holds_the_bound(client, tmp_path):
         make_pixel_env, frames_per_batch=20, total_frames=-1, output="memmap", memmap_dir=tmp_path,
         max_unreleased=3, client=client,
     ) as collector:  # fmt: skip
-        root = collector._ledger.root
+        root = collector.engine.ledger.root
         seen_max = 0
         stop = threading.Event()
 
@@ -135,7 +136,7 @@ def test_back_pressure_times_out_with_a_fix(client, tmp_path):
         held = [next(it), next(it)]
         with pytest.raises(CollectorTimeoutError, match="release"):
             next(it)
-    assert collector._closed and folders(tmp_path) == []
+    assert collector.closed and folders(tmp_path) == []
     assert all(not os.path.exists(p) for h in held for p in h.paths)
 
 
@@ -177,12 +178,12 @@ def test_bad_memmap_dir(client, tmp_path):
 def test_worker_that_cannot_see_the_folder_fails_before_any_rollout(client, tmp_path):
     """An actor checks its memmap folder when it starts, and names worker and path."""
     ours = Client(client.scheduler.address, set_as_default=False, direct_to_workers=True)
-    pool = ActorPool(ours, ActorSpec(0, 0, memmap_root=str(tmp_path / "not-on-this-worker")))
+    pool = ActorPool(ours, Settings.load(), ActorSpec(0, 0, memmap_root=str(tmp_path / "not-on-this-worker")))
     try:
         recipe = CollectorRecipe(make_cartpole, None, None, Collector, {"frames_per_batch": 10}).dumps()
         address = sorted(client.scheduler_info(n_workers=-1)["workers"])[0]
         with pytest.raises(SharedFilesystemError) as info:
-            pool.start([recipe], [address])
+            pool.launch([(0, recipe, address)])
         assert f"collector 0 on worker {address}" in str(info.value)
         assert "not-on-this-worker" in str(info.value)
     finally:
@@ -196,7 +197,7 @@ def test_worker_killed_mid_write_leaves_no_partial_batch(make_cluster, tmp_path)
             lambda: make_pixel_env(size=96), frames_per_batch=400, total_frames=400 * 8, output="memmap",
             memmap_dir=tmp_path, memmap_retention="keep", num_collectors=2, client=client,
         ) as collector:  # fmt: skip
-            root = collector._ledger.root
+            root = collector.engine.ledger.root
             pid = client.run(os.getpid, workers=[collector.workers[0]])[collector.workers[0]]
             for i, batch in enumerate(collector):
                 batch.release()

@@ -3,16 +3,36 @@
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 
 import pytest
 import torch
 from distributed.protocol import deserialize, serialize
 from tensordict import LazyStackedTensorDict, NonTensorData, TensorDict
 
-import daskcollect.serialization  # noqa: F401  (registers the serializer)
 from daskcollect import DaskCollector
-from daskcollect.actor import Rollout
+from daskcollect.serialization import register_serializers
 from daskcollect.testing import make_pixel_env
+from daskcollect.worker.rollout import Rollout
+
+register_serializers()  # what a DaskCollector does on the driver, and its plugin on the workers
+
+
+def test_importing_daskcollect_registers_no_serializer():
+    """Only building a collector (or calling register_serializers) touches Dask's serializers."""
+    code = (
+        "import daskcollect, pytest\n"
+        "from distributed.protocol.serialize import dask_serialize\n"
+        "from tensordict import TensorDict\n"
+        "with pytest.raises(TypeError): dask_serialize.dispatch(TensorDict)\n"
+        "from daskcollect.serialization import register_serializers\n"
+        "register_serializers()\n"
+        "assert dask_serialize.dispatch(TensorDict) is not None\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
 def nested_td() -> TensorDict:
@@ -74,7 +94,7 @@ def test_tensor_data_is_out_of_band():
 
 def test_rollout_serializes_its_batch_out_of_band():
     td = nested_td()
-    rollout = Rollout(td, None, td.batch_size, 10, 0, 0, 3, 1, 0.5, 0.4)
+    rollout = Rollout(0, 0, 3, 1, 0.5, 0.4, batch=td, batch_size=td.batch_size, frames=10)
     header, frames = serialize(rollout)
     assert len(frames) > 1 and memoryview(frames[0]).nbytes < 4096
     out = deserialize(header, frames)

@@ -7,11 +7,15 @@ import time
 import dask
 import pytest
 import torch
+from distributed.protocol import deserialize, serialize
 from tensordict import TensorDict
 
 from daskcollect import ConfigurationError, DaskCollector
+from daskcollect.serialization import register_serializers
 from daskcollect.testing import constant_action_policy, make_cartpole, set_constant_action
 from daskcollect.weights import WeightsPayload, extract_weights
+
+register_serializers()
 
 
 def actions(batch) -> torch.Tensor:
@@ -30,10 +34,13 @@ def test_payload_roundtrip_keeps_dtypes_and_nesting():
             "nested": {"b": torch.arange(5), "c": torch.randn(2).to(torch.bfloat16)},
         }
     )
-    payload = WeightsPayload.from_tensordict(td, version=3)
-    assert payload.version == 3
-    assert payload.nbytes == 3 * 4 * 4 + 5 * 8 + 2 * 2
-    out = payload.to_tensordict()
+    payload = WeightsPayload.pack(td, version=3)
+    assert payload.version == 3 and payload.weights.is_consolidated()
+    # Serialized as one out-of-band frame holding every tensor's bytes (plus the pickle).
+    header, frames = serialize(payload)
+    assert header["serializer"] == "dask" and len(frames) == 2
+    assert len(frames[1]) >= 3 * 4 * 4 + 5 * 8 + 2 * 2
+    out = deserialize(header, frames).weights
     assert set(out.keys(True, True)) == set(td.keys(True, True))
     for key in td.keys(True, True):
         assert out[key].dtype == td[key].dtype
@@ -97,7 +104,7 @@ def test_update_reaches_workers_only_after_update(client, route):
         with pytest.raises(ConfigurationError, match="worker_ids"):
             collector.update_policy_weights_(worker_ids=[5])
         # The workers share this host: the route taken is the one configured.
-        assert [s.local for s in collector._pool.slots] == [route == "shared-memory"] * 2
+        assert [c["weights_route"] for c in collector.stats()["collectors"]] == [route] * 2
 
 
 def test_update_after_each_batch(client):
@@ -150,7 +157,7 @@ def test_no_policy_update_needs_weights(client):
 
 def test_actor_fetches_weights_it_was_not_sent(client):
     """The fallback path: weights held by another worker only (as after the AMM drops a replica)."""
-    from daskcollect.weights import WeightsPayload, WeightsRef
+    from daskcollect.weights.scatter import ScatterTransport
 
     policy, collector = probe(client, num_collectors=1)
     with collector:
@@ -158,10 +165,8 @@ def test_actor_fetches_weights_it_was_not_sent(client):
         assert per_collector(next(it)) == [{0}]
         other = next(a for a in client.scheduler_info(n_workers=-1)["workers"] if a != collector.workers[0])
         set_constant_action(policy, 1)
-        payload = WeightsPayload.from_tensordict(extract_weights(policy), version=1)
-        future = collector.client.scatter(payload, workers=[other], hash=False, direct=True)
-        slot = collector._pool.slots[0]
-        slot.pending = (WeightsRef(future.key, 1), future)
+        sent = ScatterTransport(collector.client, 30).send(extract_weights(policy), 1, [other])
+        collector.engine.router.carry(0, sent)
         start = time.monotonic()
         assert per_collector(next(it)) == [{1}]
         assert time.monotonic() - start < 10

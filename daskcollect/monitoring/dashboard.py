@@ -2,13 +2,14 @@
 
 Actor calls never pass through the scheduler, so Dask's own pages cannot show
 them. Each ``DaskCollector`` sends a snapshot of its :meth:`stats` to the
-scheduler as a Dask event (topic :data:`TOPIC`, at most once per
+scheduler as a Dask event (topic :data:`STATS_TOPIC`, at most once per
 ``daskcollect.dashboard.report-interval``), and the scheduler plugin
 :class:`CollectorMonitor` keeps the latest snapshot of each collection. It
 serves them on the dashboard's own HTTP server (same host and port):
 
-- ``/daskcollect``: an HTML page (refreshing itself) with one table of totals
-  per collection and one row per collector;
+- ``/daskcollect``: an HTML page (refreshing itself, rendered from the Jinja
+  template ``templates/daskcollect.html.j2``) with one table of totals per
+  collection and one row per collector;
 - ``/daskcollect/json``: the same snapshots as JSON;
 - ``/metrics``: ``daskcollect_*`` series beside Dask's own Prometheus metrics
   (with ``prometheus_client`` installed, as for Dask's).
@@ -16,33 +17,50 @@ serves them on the dashboard's own HTTP server (same host and port):
 
 from __future__ import annotations
 
-import html
+import functools
 import json
 import time
 import weakref
 from typing import Any
 
+import jinja2
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado import web
 
-TOPIC = "daskcollect-stats"
-PLUGIN_NAME = "daskcollect-monitor"
+STATS_TOPIC = "daskcollect-stats"
+MONITOR_PLUGIN = "daskcollect-monitor"
 PATH = "/daskcollect"
 
-_STYLE = """
-body { font-family: Helvetica, Arial, sans-serif; margin: 1.5em; color: #222; }
-h1 { font-size: 1.3em; } h2 { font-size: 1.1em; margin-top: 1.5em; }
-table { border-collapse: collapse; margin: 0.5em 0; }
-th, td { border-bottom: 1px solid #ddd; padding: 0.3em 0.8em; text-align: right; }
-th { background: #f4f4f4; } td.l, th.l { text-align: left; }
-.closed { color: #888; }
-"""
+
+@functools.cache
+def _template() -> jinja2.Template:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("daskcollect.monitoring", "templates"), autoescape=True
+    )
+    return env.get_template("daskcollect.html.j2")
+
+
+def _totals(c: dict) -> list[tuple[str, Any]]:
+    return [
+        ("mode", c.get("mode")), ("frames", c.get("frames")), ("total frames", c.get("total_frames")),
+        ("frames/s", _rate(c.get("fps"))), ("live collectors", c.get("live_collectors")),
+        ("restarts", c.get("restarts")), ("frames lost", c.get("frames_lost")),
+        ("retired", c.get("retired")), ("policy version", c.get("policy_version")),
+    ]  # fmt: skip
+
+
+def _show(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def _rate(value: Any) -> str:
+    return "" if value is None else f"{value:,.0f}"
 
 
 class CollectorMonitor(SchedulerPlugin):
     """Keeps each collection's latest stats and serves them (page, JSON, Prometheus)."""
 
-    name = PLUGIN_NAME
+    name = MONITOR_PLUGIN
     idempotent = True
 
     def __init__(self) -> None:
@@ -68,7 +86,7 @@ class CollectorMonitor(SchedulerPlugin):
             metrics.monitors.discard(self)
 
     def log_event(self, topic: str, msg: Any) -> None:
-        if topic == TOPIC and isinstance(msg, dict) and "id" in msg:
+        if topic == STATS_TOPIC and isinstance(msg, dict) and "id" in msg:
             self.collections[msg["id"]] = {**msg, "received": time.time()}
             # Closed collections stay visible, but only the last 20 of them.
             closed = [k for k, v in self.collections.items() if v.get("state") == "closed"]
@@ -77,58 +95,8 @@ class CollectorMonitor(SchedulerPlugin):
 
     def render(self) -> str:
         """The ``/daskcollect`` page."""
-        parts = [
-            "<!DOCTYPE html><html><head><meta charset='utf-8'>",
-            "<meta http-equiv='refresh' content='2'><title>daskcollect</title>",
-            f"<style>{_STYLE}</style></head><body><h1>daskcollect: collectors</h1>",
-        ]
-        if not self.collections:
-            parts.append("<p id='empty'>No collection has reported yet.</p>")
-        for cid, c in sorted(self.collections.items(), key=lambda kv: -kv[1]["received"]):
-            cls = " class='closed'" if c.get("state") == "closed" else ""
-            parts.append(f"<h2{cls}>{_e(c.get('name', cid))} ({_e(c.get('state', '?'))})</h2>")
-            totals = [
-                ("mode", c.get("mode")), ("frames", c.get("frames")), ("total frames", c.get("total_frames")),
-                ("frames/s", _num(c.get("fps"))), ("live collectors", c.get("live_collectors")),
-                ("restarts", c.get("restarts")), ("frames lost", c.get("frames_lost")),
-                ("retired", c.get("retired")), ("policy version", c.get("policy_version")),
-            ]  # fmt: skip
-            parts.append(f"<table class='totals' data-collection='{_e(cid)}'><tr>")
-            parts.append("".join(f"<th>{_e(k)}</th>" for k, _ in totals) + "</tr><tr>")
-            parts.append("".join(f"<td>{_e(v)}</td>" for _, v in totals) + "</tr></table>")
-            head = [
-                "collector",
-                "worker",
-                "incarnation",
-                "state",
-                "rollouts",
-                "frames",
-                "frames/s",
-                "policy version",
-            ]
-            parts.append("<table class='collectors'><tr>")
-            parts.append(
-                "".join(f"<th{' class=l' if h == 'worker' else ''}>{h}</th>" for h in head) + "</tr>"
-            )
-            for row in c.get("collectors", []):
-                cells = [row.get("index"), row.get("worker"), row.get("collector_id"), row.get("state"),
-                         row.get("rollouts"), row.get("frames"), _num(row.get("fps")),
-                         row.get("policy_version")]  # fmt: skip
-                parts.append(
-                    "<tr>" + "".join(f"<td{' class=l' if i == 1 else ''}>{_e(v)}</td>" for i, v in enumerate(cells))
-                    + "</tr>"
-                )  # fmt: skip
-            parts.append("</table>")
-        parts.append("</body></html>")
-        return "".join(parts)
-
-
-def _e(value: Any) -> str:
-    return html.escape("" if value is None else str(value))
-
-
-def _num(value: Any) -> str:
-    return "" if value is None else f"{value:,.0f}"
+        ordered = sorted(self.collections.items(), key=lambda kv: -kv[1]["received"])
+        return _template().render(collections=ordered, totals=_totals, show=_show, rate=_rate)
 
 
 class _PageHandler(web.RequestHandler):
@@ -209,7 +177,7 @@ class _PrometheusCollector:
         yield from (frames, lost, restarts, fps, live, c_frames, c_fps, c_version)
 
 
-def register(client: Any) -> bool:
+def install_monitor(client: Any) -> bool:
     """Installs :class:`CollectorMonitor` on the client's scheduler (once per scheduler).
 
     Returns:
@@ -217,7 +185,7 @@ def register(client: Any) -> bool:
         without a dashboard page.
     """
     try:
-        client.register_plugin(CollectorMonitor(), name=PLUGIN_NAME)
+        client.register_plugin(CollectorMonitor(), name=MONITOR_PLUGIN)
     except Exception:
         return False
     return True

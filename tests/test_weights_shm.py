@@ -7,14 +7,12 @@ import os
 import subprocess
 import sys
 
-import dask
 import torch
 from tensordict import TensorDict
 from test_weights import per_collector, probe
 
-from daskcollect.sharedmem import MappedFiles, SharedWeightsDir, remove_stale
 from daskcollect.testing import set_constant_action
-from daskcollect.weights import WeightsPayload
+from daskcollect.weights.shm import SharedMemoryTransport, remove_stale
 
 
 def weights(scale: float = 1.0) -> TensorDict:
@@ -31,37 +29,37 @@ def weights(scale: float = 1.0) -> TensorDict:
 
 
 def test_write_once_read_in_place(tmp_path):
-    with dask.config.set({"daskcollect.weights.shared-memory-dir": str(tmp_path)}):
-        shm = SharedWeightsDir.create()
+    shm = SharedMemoryTransport.create(str(tmp_path))
     assert shm is not None and shm.probe.matches()
-    first = shm.write(WeightsPayload.from_tensordict(weights(), version=1))
-    read = MappedFiles().read(first.ref()).to_tensordict()
+    first = shm.send(weights(), 1, ["tcp://127.0.0.1:1"])
+    assert first.route == "shared-memory" and first.version == 1
+    read = first.ref.read(None, 1.0)
     assert (read == weights()).all() and read["n", "b"].dtype == torch.bfloat16
-    assert first.ref().key is None and first.ref().version == 1
-    assert (first.result().to_tensordict() == weights()).all()  # a copy, for new actors
+    assert (first.payload.weights == weights()).all()  # kept, for new actors
 
     # While a version is held, the next one takes another file; once it is garbage, its file is reused.
-    second = shm.write(WeightsPayload.from_tensordict(weights(2.0), version=2))
-    assert second.path != first.path
-    path = first.path
-    del first
+    second = shm.send(weights(2.0), 2, [])
+    assert second.ref.path != first.ref.path
+    path = first.ref.path
+    del first, read
     gc.collect()
-    third = shm.write(WeightsPayload.from_tensordict(weights(3.0), version=3))
-    assert third.path == path
-    assert (MappedFiles().read(third.ref()).to_tensordict() == weights(3.0)).all()
+    third = shm.send(weights(3.0), 3, [])
+    assert third.ref.path == path
+    assert (third.ref.read(None, 1.0) == weights(3.0)).all()
     assert len([f for f in os.listdir(shm.path) if f.startswith("weights-")]) == 2
+    # Other shapes never take a file of the ring made for these.
+    other = shm.send(TensorDict(w=torch.ones(100)), 4, [])
+    assert other.ref.path not in (path, second.ref.path)
 
     shm.close()
     shm.close()  # idempotent
     assert not os.path.exists(shm.path)
-    assert shm.write(WeightsPayload.from_tensordict(weights(), version=4)) is None  # closed: Dask takes over
+    assert shm.send(weights(), 5, []) is None  # closed: Dask takes over
 
 
 def test_off_or_missing_means_dask(tmp_path):
-    with dask.config.set({"daskcollect.weights.shared-memory": False}):
-        assert SharedWeightsDir.create() is None
-    with dask.config.set({"daskcollect.weights.shared-memory-dir": str(tmp_path / "missing")}):
-        assert SharedWeightsDir.create() is None
+    assert SharedMemoryTransport.create(None) is None
+    assert SharedMemoryTransport.create(str(tmp_path / "missing")) is None
 
 
 def test_folders_of_dead_drivers_are_removed(tmp_path):
@@ -83,15 +81,13 @@ def test_mixed_routes_and_cleanup(client):
     with collector:
         it = iter(collector)
         assert per_collector(next(it)) == [{0}, {0}]
-        pool = collector._pool
-        folder = pool._shm.path
-        assert os.path.isdir(folder) and all(s.local for s in pool.slots)
-        pool.slots[1].local = False  # as if its worker were on another host
+        engine = collector.engine
+        folder = os.path.dirname(engine.router.probe.path)
+        assert os.path.isdir(folder) and all(s.on_driver_host for s in engine.pool.slots)
+        engine.pool.slots[1].on_driver_host = False  # as if its worker were on another host
         set_constant_action(policy, 1)
         collector.update_policy_weights_()
-        refs = [s.pending[0] for s in pool.slots]
-        assert refs[0].path is not None and refs[0].key is None
-        assert refs[1].path is None and refs[1].key is not None
+        assert [engine.router.pending(i).route for i in (0, 1)] == ["shared-memory", "dask"]
         batch = next(it)
         assert per_collector(batch) == [{1}, {1}]
         assert batch["policy_version"].unique().tolist() == [1]

@@ -4,14 +4,35 @@ Unlike ``distributed.diagnostics.plugin.Environ``, it sets environment
 variables in the running process, so no worker restarts and no actor dies.
 It is registered before any actor is built, and removed at shutdown, which
 restores the variables it changed.
+
+Importing torch, tensordict and TorchRL takes seconds. The plugin's module
+imports none of them, and :meth:`WorkerSetup.setup` imports them in a thread:
+a worker whose event loop stalled that long would miss its heartbeats, and a
+scheduler with a short ``worker-ttl`` would remove it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 
 from distributed.diagnostics.plugin import WorkerPlugin
+
+from daskcollect import _dask
+from daskcollect.settings import WorkerSettings
+
+
+def _load_collector_stack(torch_threads: int | None) -> None:
+    """Imports what collectors need, registers the serializers, sets torch's threads (off the loop)."""
+    import torch
+
+    import daskcollect.worker.actor  # noqa: F401  (torch, tensordict, TorchRL, before the first actor)
+    from daskcollect.serialization import register_serializers
+
+    register_serializers()
+    if torch_threads is not None:
+        torch.set_num_threads(torch_threads)
 
 
 def foreign_scratch_dirs(paths: list[str], own: str | None) -> list[str]:
@@ -32,48 +53,38 @@ def foreign_scratch_dirs(paths: list[str], own: str | None) -> list[str]:
 
 
 class WorkerSetup(WorkerPlugin):
-    """Sets ``worker_env`` and torch's thread count on every worker.
+    """Registers daskcollect's serializer, sets ``worker_env`` and torch's thread count on every worker.
 
     Args:
         env: Environment variables to set.
-        torch_threads: Value for ``torch.set_num_threads``; ``None`` leaves it.
-        trim_sys_path: Drop other Dask nodes' scratch directories from ``sys.path``.
-        tick_interval: Seconds between the worker's event-loop ticks while the
-            plugin is registered. Dask's 20 ms default wakes the event loop,
-            which then takes the GIL from the rollout thread, 50 times a
-            second; ``None`` leaves it.
+        settings: ``daskcollect.worker.*``: torch threads (``None`` leaves
+            them), whether to drop other Dask nodes' scratch directories from
+            ``sys.path``, and the worker's event-loop tick while the plugin is
+            registered (Dask's 20 ms default wakes the event loop, which then
+            takes the GIL from the rollout thread, 50 times a second; ``None``
+            leaves it).
     """
 
     idempotent = True
 
-    def __init__(
-        self,
-        env: dict[str, str] | None = None,
-        torch_threads: int | None = 1,
-        trim_sys_path: bool = True,
-        tick_interval: float | None = None,
-    ):
+    def __init__(self, env: dict[str, str] | None = None, settings: WorkerSettings | None = None):
         self.env = dict(env or {})
-        self.torch_threads = torch_threads
-        self.trim_sys_path = trim_sys_path
-        self.tick_interval = tick_interval
+        settings = settings or WorkerSettings()
+        self.torch_threads = settings.torch_threads
+        self.trim_sys_path = settings.trim_sys_path
+        self.tick_interval = settings.tick_interval
         self._saved: dict[str, str | None] = {}
         self._trimmed: list[str] = []
         self._tick_ms: float | None = None
 
-    def setup(self, worker):
-        import daskcollect.serialization  # noqa: F401  (registers the TensorDict serializer)
-
+    async def setup(self, worker):
         self._saved = {k: os.environ.get(k) for k in self.env}
-        os.environ.update(self.env)
-        if self.torch_threads is not None:
-            import torch
-
-            torch.set_num_threads(self.torch_threads)
+        os.environ.update(self.env)  # before any import reads them
+        await asyncio.get_running_loop().run_in_executor(None, _load_collector_stack, self.torch_threads)
         if self.trim_sys_path:
             self._trimmed = foreign_scratch_dirs(sys.path, getattr(worker, "local_directory", None))
             sys.path[:] = [p for p in sys.path if p not in self._trimmed]
-        tick = getattr(worker, "periodic_callbacks", {}).get("tick")
+        tick = _dask.tick_callback(worker) if worker is not None else None
         if self.tick_interval is not None and tick is not None:
             self._tick_ms = tick.callback_time
             tick.callback_time = self.tick_interval * 1000  # read at the next scheduling
@@ -87,7 +98,7 @@ class WorkerSetup(WorkerPlugin):
         self._saved = {}
         sys.path.extend(p for p in self._trimmed if p not in sys.path)
         self._trimmed = []
-        tick = getattr(worker, "periodic_callbacks", {}).get("tick")
+        tick = _dask.tick_callback(worker) if worker is not None else None
         if self._tick_ms is not None and tick is not None:
             tick.callback_time = self._tick_ms
         self._tick_ms = None

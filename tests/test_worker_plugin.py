@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import torch
 
 from daskcollect import DaskCollector
-from daskcollect.plugin import WorkerSetup
+from daskcollect.settings import WorkerSettings
 from daskcollect.testing import make_cartpole, make_env_reading_variable
+from daskcollect.worker.plugin import WorkerSetup
 
 
 def read_env(name):
@@ -39,8 +41,8 @@ def test_plugin_setup_and_teardown_in_process():
     name = "DASKCOLLECT_PLUGIN_UNIT"
     os.environ[name] = "before"
     threads = torch.get_num_threads()
-    plugin = WorkerSetup({name: "during"}, torch_threads=None)
-    plugin.setup(worker=None)
+    plugin = WorkerSetup({name: "during"}, WorkerSettings(torch_threads=None))
+    asyncio.run(plugin.setup(worker=None))
     assert os.environ[name] == "during"
     assert torch.get_num_threads() == threads
     plugin.teardown(worker=None)
@@ -49,7 +51,7 @@ def test_plugin_setup_and_teardown_in_process():
 
 
 def test_foreign_scratch_dirs_are_trimmed_and_restored(client):
-    from daskcollect.plugin import foreign_scratch_dirs
+    from daskcollect.worker.plugin import foreign_scratch_dirs
 
     paths = [
         "/x/dask-scratch-space/worker-a",

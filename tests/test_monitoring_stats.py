@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from daskcollect import CollectorLostError
-from daskcollect.stats import FailureCounters
+from daskcollect.monitoring.stats import FailureCounters
 
 
 def test_counts_and_budget():

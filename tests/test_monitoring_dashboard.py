@@ -15,7 +15,7 @@ import pytest
 from distributed import Client, performance_report
 
 from daskcollect import DaskCollector
-from daskcollect.dashboard import CollectorMonitor
+from daskcollect.monitoring.dashboard import CollectorMonitor
 from daskcollect.testing import make_cartpole
 
 CHROMIUM = shutil.which("chromium")
@@ -94,8 +94,8 @@ def test_page_in_headless_chromium(cluster, client, tmp_path):
     url = dashboard_base(cluster) + "/daskcollect"
     with Collecting(client) as collector:
         wait_for_report(collector, frames=2000)
-        # The page refreshes itself every 2 s: a virtual-time budget of 2000 ms let the refresh start
-        # as the budget ran out, and Chromium printed an empty DOM (9 of 12 runs here; 0 of 36 at 500).
+        # The page refreshes itself every 2 s: a virtual-time budget near 2000 ms lets the refresh
+        # start as the budget runs out, and Chromium then prints the empty document it navigates to.
         dom = chromium(tmp_path, "--virtual-time-budget=500", "--dump-dom", url)
         shot = os.environ.get("DASKCOLLECT_SCREENSHOT") or str(tmp_path / "dashboard.png")
         chromium(tmp_path, "--window-size=1100,420", f"--screenshot={shot}", url)

@@ -1,0 +1,119 @@
+"""Every use of Dask's private internals, in one place and checked against the installed version.
+
+daskcollect needs five things that ``distributed`` does not offer publicly. Each
+accessor below checks that the internal is still there and raises
+:class:`~daskcollect.errors.DaskVersionError`, naming it and the versions
+daskcollect was tested with, instead of an ``AttributeError`` deep inside a
+rollout. :func:`check_version` warns once when the installed ``distributed``
+is outside the tested range.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import distributed
+from packaging.version import Version
+
+from daskcollect.errors import DaskVersionError
+
+#: The ``distributed`` releases these internals were checked against: [low, high).
+TESTED = ("2026.1.0", "2027.1.0")
+_warned = False
+
+
+def check_version() -> None:
+    """Warns once if the installed ``distributed`` is outside :data:`TESTED`."""
+    global _warned
+    installed = Version(distributed.__version__)
+    if _warned or Version(TESTED[0]) <= installed < Version(TESTED[1]):
+        return
+    _warned = True
+    warnings.warn(
+        f"daskcollect was tested with distributed>={TESTED[0]},<{TESTED[1]} and finds "
+        f"{distributed.__version__}. It relies on a few Dask internals (daskcollect._dask); if one "
+        "changed you will get a DaskVersionError naming it. Install a tested version to be safe.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def _missing(what: str, exc: BaseException) -> DaskVersionError:
+    return DaskVersionError(
+        f"daskcollect needs Dask's internal {what}, which distributed {distributed.__version__} does "
+        f"not have ({type(exc).__name__}: {exc}). daskcollect was tested with "
+        f"distributed>={TESTED[0]},<{TESTED[1]}: install such a version, e.g. "
+        f"pip install 'distributed>={TESTED[0]},<{TESTED[1]}'.",
+        internal=what,
+        version=distributed.__version__,
+    )
+
+
+# --- scheduler side ---------------------------------------------------------
+def retire_handler(scheduler: Any) -> Callable:
+    """The scheduler's ``retire_workers`` RPC handler."""
+    try:
+        return scheduler.handlers["retire_workers"]
+    except (AttributeError, KeyError) as exc:
+        raise _missing("Scheduler.handlers['retire_workers']", exc) from None
+
+
+def set_retire_handler(scheduler: Any, handler: Callable) -> None:
+    """Replaces the scheduler's ``retire_workers`` RPC handler."""
+    retire_handler(scheduler)  # checks that it exists
+    scheduler.handlers["retire_workers"] = handler
+
+
+def actor_keys(scheduler: Any, address: str) -> list[str]:
+    """The keys of the actors that the worker at ``address`` holds (``[]`` if it is gone)."""
+    ws = scheduler.workers.get(address)
+    if ws is None:
+        return []
+    try:
+        return [str(ts.key) for ts in ws.actors]
+    except AttributeError as exc:
+        raise _missing("WorkerState.actors", exc) from None
+
+
+# --- client side ------------------------------------------------------------
+async def cancel(client: Any, futures: list, reason: str) -> None:
+    """Cancels ``futures`` from the client's event loop (``Client.cancel`` would block it)."""
+    try:
+        method = client._cancel
+    except AttributeError as exc:
+        raise _missing("Client._cancel", exc) from None
+    await method(futures, reason=reason)
+
+
+# --- worker side ------------------------------------------------------------
+def tick_callback(worker: Any) -> Any | None:
+    """The worker's ``tick`` periodic callback, or ``None`` where it has none."""
+    try:
+        return worker.periodic_callbacks.get("tick")
+    except AttributeError as exc:
+        raise _missing("Worker.periodic_callbacks", exc) from None
+
+
+async def fetch_from_peers(worker: Any, key: str) -> Any:
+    """Fetches the data of ``key`` from a worker that holds it (from an actor's worker).
+
+    A ``Future`` made in an actor thread never resolves, so the actor asks the
+    scheduler who holds the key and gets it from that worker directly.
+
+    Raises:
+        KeyError: If no live worker holds it.
+    """
+    try:
+        from distributed.worker import get_data_from_worker
+
+        who_has = worker.scheduler.who_has
+    except (ImportError, AttributeError) as exc:
+        raise _missing("distributed.worker.get_data_from_worker / Scheduler.who_has", exc) from None
+    holders = (await who_has(keys=[key])).get(key, [])
+    for address in holders:
+        response = await get_data_from_worker(worker.rpc, [key], address, who=worker.address)
+        if response.get("status") == "OK" and key in response["data"]:
+            return response["data"][key]
+    raise KeyError(f"{key} is held by no live worker ({holders})")

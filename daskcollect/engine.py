@@ -1,0 +1,354 @@
+"""The engine: one owner for the pool, the weight router, the memmap ledger and the counters.
+
+:meth:`Engine.reconcile` is the one place where collectors are started: it
+compares the collectors wanted (``num_collectors`` indices, or one per free
+worker when following the cluster) with the live ones, and starts what is
+missing, as ``SpecCluster._correct_state`` does for workers. Collectors whose
+worker retired are counted and dropped there too. :meth:`Engine.next_rollout`
+applies the one failure policy: a lost or stuck collector is dropped whole,
+counted against ``max_collector_restarts`` and replaced with its latest
+weights; a rollout that ended in an env error under ``on_env_error="restart"``
+is dropped and counted. The iteration strategies (:mod:`daskcollect.iteration`)
+only decide which collector to call next.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from distributed import Client
+
+from daskcollect.cluster import not_enough_workers
+from daskcollect.errors import ConfigurationError, NotEnoughWorkersError
+from daskcollect.memmap import MemmapLedger
+from daskcollect.monitoring.stats import CollectionStats, CollectorStats, FailureCounters
+from daskcollect.polling import poll_until
+from daskcollect.pool import ActorPool, CollectorLost, Slot
+from daskcollect.retirement import RetirementWatcher
+from daskcollect.settings import Settings
+from daskcollect.spec import CollectionSpec
+from daskcollect.weights.payload import extract_weights
+from daskcollect.weights.router import WeightRouter
+from daskcollect.weights.scatter import ScatterTransport
+from daskcollect.weights.shm import SharedMemoryTransport
+from daskcollect.worker.rollout import ActorSpec, Rollout
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Lost:
+    """A collector's rollout that will not come: dropped whole and counted.
+
+    Attributes:
+        index: The collector.
+        replacement: The collector that took its place (the same slot after an
+            env rebuild), or ``None`` when the collection goes on without it.
+    """
+
+    index: int
+    replacement: Slot | None
+
+
+class Engine:
+    """Runs one collection's collectors.
+
+    Args:
+        client: Our ``Client``.
+        spec: The validated collection spec.
+        settings: The validated ``daskcollect`` settings.
+        num_collectors: How many collectors to start.
+        recipes: One cloudpickled recipe per collector index.
+        weights_source: The driver's policy module, whose weights
+            ``update_after_each_batch`` / ``max_weight_update_interval`` push.
+        pool, router, watcher: Built here by default; given by tests that
+            drive the engine against a small fake pool.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        spec: CollectionSpec,
+        settings: Settings,
+        num_collectors: int,
+        recipes: list[bytes],
+        weights_source: Any = None,
+        *,
+        pool: ActorPool | None = None,
+        router: WeightRouter | None = None,
+        watcher: RetirementWatcher | None = None,
+    ):
+        self.client, self.spec, self.settings = client, spec, settings
+        self.requested = num_collectors
+        self.failures = FailureCounters()
+        self._recipes = dict(enumerate(recipes))
+        self._weights_source = weights_source
+        self._known_workers: set[str] = set()
+        self._seed: int | None = None
+        out = spec.output
+        self.ledger = (
+            MemmapLedger(out.memmap_dir, out.memmap_retention, out.max_unreleased) if out.memmap else None
+        )
+        if router is None:
+            shm = SharedMemoryTransport.create(settings.shared_memory_dir)
+            router = WeightRouter(ScatterTransport(client, settings.timeouts.weights), shm)
+        self.router = router
+        template = ActorSpec(
+            0, 0, spec.weights.track_policy_version, self.ledger.root if self.ledger else None,
+            spec.faults.on_env_error == "restart", None, router.probe,
+            settings.timeouts.weights, settings.worker.gc_freeze,
+        )  # fmt: skip
+        self.pool = pool or ActorPool(client, settings, template, spec.cluster.worker_resources)
+        self.watcher = watcher or RetirementWatcher(client, self.pool, settings.timeouts.call)
+
+    # --- collectors wanted against collectors live -----------------------------
+    def start(self) -> None:
+        """Starts ``num_collectors`` collectors, waiting (bounded) for enough free eligible workers.
+
+        Raises:
+            NotEnoughWorkersError: If too few eligible workers join in time.
+        """
+        self._start(list(range(self.requested)), wait=True)
+
+    def reconcile(self, wait_retired: bool = False) -> None:
+        """Drops retired collectors and starts the missing ones on free workers.
+
+        Args:
+            wait_retired: Wait (bounded) for retiring collectors with no call
+                running to be released first (sync mode: no batch is half-made).
+
+        Raises:
+            NotEnoughWorkersError: If no collector is left and none can be
+                started within ``daskcollect.timeouts.workers``.
+        """
+        gone = self.watcher.take_retired(wait_retired)
+        if gone:
+            self.failures.retired += len(gone)
+            logger.info("collectors %s closed: their workers retired", [s.index for s in gone])
+        self._start_missing(look_again=False)
+        if self.pool.slots:
+            return
+        timeout = self.settings.timeouts.workers
+        poll_until(
+            lambda: self._start_missing(look_again=True) or self.pool.slots,
+            timeout,
+            interval=0.2,
+            fail=lambda: NotEnoughWorkersError(
+                f"Every collector's worker left and no eligible worker joined within {timeout:g}s. "
+                "Add workers, or raise daskcollect.timeouts.workers.",
+                needed=1,
+                found=0,
+            ),
+        )
+
+    def _start_missing(self, look_again: bool) -> list[Slot]:
+        """Starts collectors on free workers: every one that joined when following the
+        cluster, otherwise those that bring the count back to ``num_collectors``."""
+        if self.spec.follow:
+            alive = self.pool.live_workers()  # one light RPC per batch
+            if alive <= self._known_workers and not look_again:
+                return []
+            self._known_workers = alive
+            free = self.pool.free_workers()
+            top = max(self._recipes) + 1
+            indices = list(range(top, top + len(free)))
+        else:
+            live = {s.index for s in self.pool.slots}
+            indices = sorted(set(range(self.requested)) - live)
+            if not indices:
+                return []
+            free = self.pool.free_workers()
+        new = self._start(indices[: len(free)], free, wait=False) if free else []
+        if new:
+            logger.info("started collectors %s on joining workers", [s.index for s in new])
+        return new
+
+    def _start(
+        self, indices: list[int], addresses: list[str] | None = None, *, wait: bool, seed: int | None = None
+    ) -> list[Slot]:
+        """Starts collectors ``indices`` on ``addresses`` (default: free workers).
+
+        With ``wait``, a collector whose worker left during its start is
+        started again on a free worker, and free workers are waited for,
+        within ``daskcollect.timeouts.workers``.
+
+        Raises:
+            NotEnoughWorkersError: If, with ``wait``, no free worker takes over in time.
+        """
+        deadline = time.monotonic() + self.settings.timeouts.workers
+        started: list[Slot] = []
+        while indices:
+            if addresses is None:
+                addresses = self._free_workers(len(indices), deadline) if wait else []
+            todo = [(i, self._recipes.get(i, self._recipes[0]), a) for i, a in zip(indices, addresses)]
+            slots, lost = self.pool.launch(todo, seed)
+            for slot in slots:
+                self._recipes.setdefault(slot.index, slot.recipe)
+                self.router.adopt(slot)
+            self.pool.add(slots)
+            self.watcher.adopt(slots)
+            started += slots
+            if not wait:
+                break
+            if lost:
+                logger.info("collectors %s lost their workers while starting; starting them elsewhere", lost)
+            indices, addresses = lost + indices[len(todo) :], None
+        return started
+
+    def _free_workers(self, n: int, deadline: float) -> list[str]:
+        """``n`` free eligible workers, waited for until ``deadline``."""
+        found: list[str] = []
+        resources = self.spec.cluster.worker_resources
+
+        def enough() -> bool:
+            found[:] = self.pool.free_workers()
+            return len(found) >= n
+
+        poll_until(
+            enough,
+            max(deadline - time.monotonic(), 0.0),
+            interval=0.2,
+            fail=lambda: not_enough_workers(n, len(found), resources, self.settings.timeouts.workers),
+        )
+        return found[:n]
+
+    # --- rollouts and the failure policy -----------------------------------
+    def submit(self, slot: Slot) -> bool:
+        """Starts a rollout on ``slot`` with the weights it has not loaded yet; ``False`` if retiring."""
+        return self.pool.submit(slot, self.router.pending(slot.index))
+
+    def next_rollout(self) -> Rollout | Lost:
+        """The next finished rollout, or what was lost instead (counted, and replaced when possible).
+
+        Raises:
+            RolloutError: If a rollout raised on its worker (``on_env_error="raise"``).
+            CollectorLostError: Once restarts exceed ``max_collector_restarts``.
+            NotEnoughWorkersError: If no worker can host a replacement in time.
+        """
+        try:
+            slot, rollout = self.pool.next_completion(self.settings.timeouts.rollout)
+        except CollectorLost as lost:
+            return Lost(lost.slot.index, self._replace(lost))
+        if rollout.error is not None:
+            self.failures.env_restarts += 1
+            self.failures.lost(
+                1,
+                self._frames_each(),
+                f"collector {rollout.index}: env error, collector rebuilt:\n{rollout.error}",
+            )
+            logger.warning("collector %d: env error, rebuilt the collector", rollout.index)
+            self.failures.check_budget(self.spec.faults.max_collector_restarts)
+            return Lost(rollout.index, self.pool.slot(rollout.index))
+        self.router.loaded(slot.index, rollout.policy_version)
+        return rollout
+
+    def _frames_each(self) -> int:
+        return self.spec.batch.frames_per_collector(max(len(self.pool.slots), 1))
+
+    def _replace(self, lost: CollectorLost) -> Slot | None:
+        """Drops a lost collector's calls whole and starts a replacement with its latest weights."""
+        slot = lost.slot
+        self.pool.live_workers()  # a lost scheduler is a ClusterConnectionError, not a restart
+        dropped = self.pool.remove(slot) + lost.calls
+        cause = f"collector {slot.index} on {slot.address}: {lost.cause}"
+        self.failures.lost(dropped, self._frames_each(), cause)
+        logger.warning("collector %d lost (%s)", slot.index, lost.cause)
+        if lost.hung:
+            # A stuck actor thread blocks every later actor call on that worker: restart it.
+            with contextlib.suppress(Exception):
+                self.client.restart_workers([slot.address], timeout=self.settings.timeouts.shutdown)
+        if self.spec.follow and not self.pool.free_workers():
+            # Following the cluster, which shrank (scale-down, adapt): go on with fewer
+            # collectors; a worker that joins later gets one again.
+            logger.warning("collector %d dropped: its worker left and none is free", slot.index)
+            return None
+        self.failures.restarts += 1
+        self.failures.check_budget(self.spec.faults.max_collector_restarts)
+        time.sleep(self.settings.restart_delay)
+        seed = None if self._seed is None else self._seed + 7919 * self.failures.restarts
+        (new,) = self._start([slot.index], wait=True, seed=seed)
+        return new
+
+    def wait_for_room(self, needed: int) -> None:
+        """Back-pressure of memmap output: no rollout starts beyond ``max_unreleased``."""
+        if self.ledger is not None:
+            self.ledger.wait_for_room(needed, self.pool.num_inflight, self.settings.timeouts.rollout)
+
+    # --- weights -----------------------------------------------------------
+    def select(self, worker_ids: int | Sequence[int] | None) -> list[Slot]:
+        """The live collectors named by ``worker_ids`` (all of them for ``None``)."""
+        by_index = {s.index: s for s in self.pool.slots}
+        if worker_ids is None:
+            return list(by_index.values())
+        ids = [worker_ids] if isinstance(worker_ids, int) else list(worker_ids)
+        bad = [i for i in ids if i not in by_index]
+        if bad:
+            raise ConfigurationError(
+                f"worker_ids {bad} are not collector indices; valid ones are {sorted(by_index)}."
+            )
+        return [by_index[i] for i in ids]
+
+    def send_weights(self, source: Any, slots: list[Slot]) -> int:
+        """Publishes the weights of ``source`` to ``slots`` as a new version; returns the version."""
+        return self.router.publish(extract_weights(source), slots)
+
+    def refresh(self, slots: list[Slot]) -> None:
+        """Applies ``update_after_each_batch`` / ``max_weight_update_interval`` to ``slots``."""
+        options, source = self.spec.weights, self._weights_source
+        if source is None or not slots:
+            return
+        if options.update_after_each_batch:
+            stale = slots
+        elif options.max_weight_update_interval > -1:
+            indices = self.router.stale([s.index for s in slots], options.max_weight_update_interval)
+            stale = [s for s in slots if s.index in indices]
+        else:
+            return
+        if stale:
+            self.send_weights(source, stale)
+
+    # --- seeds, stats, close --------------------------------------------------
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seeds the collectors in order (``MultiSyncCollector``'s chain), then resets their envs."""
+        self._seed = seed
+        if self.pool.num_inflight:
+            self.pool.drain(self.settings.timeouts.rollout)  # no rollout may straddle the reseed
+        for slot in self.pool.slots:
+            seed = self.pool.call(slot, "set_seed", seed, static_seed)
+        self.pool.call_all("reset")
+        return seed
+
+    def stats(self) -> CollectionStats:
+        slots = self.pool.slots
+        busy = {f.slot.index for f in self.pool.running()}
+        return CollectionStats(
+            failures=self.failures,
+            live_collectors=len(slots),
+            collectors=tuple(
+                CollectorStats(
+                    index=s.index,
+                    worker=s.address,
+                    collector_id=s.uid,
+                    state="retiring" if s.retiring else "collecting" if s.index in busy else "idle",
+                    rollouts=s.rollouts,
+                    frames=s.frames,
+                    fps=s.frames / s.seconds if s.seconds else 0.0,
+                    policy_version=s.policy_version,
+                    weights_route=self.router.route(s.index),
+                )
+                for s in slots
+            ),
+        )
+
+    def close(self, timeout: float) -> None:
+        """Closes the actors, the weights' transports and the ledger (bounded, idempotent enough)."""
+        self.watcher.close()
+        self.pool.close(timeout)
+        self.router.close()
+        if self.ledger is not None:
+            self.ledger.close()

@@ -1,0 +1,15 @@
+"""Monitoring: typed stats, the reporter that sends them to the scheduler, and the dashboard page.
+
+- :mod:`~daskcollect.monitoring.stats`: :class:`CollectionStats`,
+  :class:`CollectorStats` and :class:`FailureCounters`;
+- :mod:`~daskcollect.monitoring.reporter`: :class:`Reporter`, which sends a
+  snapshot to the scheduler at most once per report interval;
+- :mod:`~daskcollect.monitoring.dashboard`: the scheduler plugin that serves
+  ``/daskcollect``, ``/daskcollect/json`` and the Prometheus series.
+"""
+
+from __future__ import annotations
+
+from daskcollect.monitoring.stats import CollectionStats, CollectorStats, FailureCounters
+
+__all__ = ["CollectionStats", "CollectorStats", "FailureCounters"]

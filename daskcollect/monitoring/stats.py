@@ -1,0 +1,103 @@
+"""Typed counters: failures, one collector, one collection."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+from daskcollect.errors import CollectorLostError
+
+
+@dataclass
+class FailureCounters:
+    """What was lost, how often collectors were replaced, and the restart budget.
+
+    Attributes:
+        frames_lost: Frames asked of rollout calls that never returned (an upper
+            bound in async mode: a queued call that had not started counts).
+        rollouts_lost: Those calls.
+        restarts: Collectors replaced after a lost worker or a stuck rollout.
+        env_restarts: Collectors rebuilt after an env error (``on_env_error="restart"``).
+        retired: Collectors closed because their worker retired gracefully
+            (scale-down, ``adapt``, ``--lifetime``); they lose nothing.
+        last_failure: What happened last, for error messages.
+    """
+
+    frames_lost: int = 0
+    rollouts_lost: int = 0
+    restarts: int = 0
+    env_restarts: int = 0
+    retired: int = 0
+    last_failure: str | None = field(default=None, compare=False)
+
+    def lost(self, rollouts: int, frames_each: int, cause: str) -> None:
+        """Counts rollouts dropped whole."""
+        self.rollouts_lost += rollouts
+        self.frames_lost += rollouts * frames_each
+        self.last_failure = cause
+
+    def check_budget(self, limit: int) -> None:
+        """Raises :class:`CollectorLostError` once restarts exceed ``limit``."""
+        used = self.restarts + self.env_restarts
+        if used > limit:
+            raise CollectorLostError(
+                f"Collectors were restarted {used} times, more than max_collector_restarts={limit} "
+                f"({self.restarts} lost workers or stuck rollouts, {self.env_restarts} env errors). "
+                f"Last failure: {self.last_failure}. Fix the cause, or raise max_collector_restarts.",
+                restarts=self.restarts,
+                env_restarts=self.env_restarts,
+            )
+
+    def as_dict(self) -> dict[str, int]:
+        """The counters (without ``last_failure``)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "last_failure"}
+
+
+@dataclass(frozen=True)
+class CollectorStats:
+    """One collector, as :meth:`~daskcollect.DaskCollector.stats` lists it.
+
+    Attributes:
+        index: The collector's index.
+        worker: The address of its worker.
+        collector_id: Its actor incarnation (``("collector", "collector_id")`` in its frames).
+        state: ``"collecting"`` (a rollout running), ``"idle"`` or ``"retiring"``.
+        rollouts: Rollouts it delivered.
+        frames: Frames it delivered.
+        fps: Its frames per second of rollout time.
+        policy_version: The weights version of its last rollout.
+        weights_route: How it got its latest weights: ``"shared-memory"``,
+            ``"dask"``, or ``None`` (only those it was built with).
+    """
+
+    index: int
+    worker: str
+    collector_id: int
+    state: str
+    rollouts: int
+    frames: int
+    fps: float
+    policy_version: int
+    weights_route: str | None
+
+
+@dataclass(frozen=True)
+class CollectionStats:
+    """A whole collection's counters, beside TorchRL's own (``frames``, ``batches``...).
+
+    Attributes:
+        failures: Losses, restarts and retirements.
+        live_collectors: Collectors running now.
+        collectors: One entry per live collector, in index order.
+    """
+
+    failures: FailureCounters
+    live_collectors: int
+    collectors: tuple[CollectorStats, ...] = ()
+
+    def as_dict(self) -> dict:
+        """The flat dict that ``stats()`` returns and the dashboard receives."""
+        return {
+            **self.failures.as_dict(),
+            "live_collectors": self.live_collectors,
+            "collectors": [asdict(c) for c in self.collectors],
+        }

@@ -1,0 +1,148 @@
+"""The ``daskcollect`` section of :mod:`dask.config`, read and validated once per collector.
+
+Defaults live in ``daskcollect.yaml`` and the schema beside it in
+``daskcollect-schema.yaml`` (as distributed ships ``distributed-schema.yaml``).
+:meth:`Settings.load` checks the merged config against the schema and parses
+durations once, so a bad value raises :class:`~daskcollect.errors.ConfigurationError`
+naming its key when a collector is built, never at call time deep inside.
+Users override values the usual ways: ``~/.config/dask/*.yaml``,
+``DASK_DASKCOLLECT__...`` environment variables, or
+``dask.config.set({"daskcollect.timeouts.rollout": "1h"})``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import dask.config
+import yaml
+from dask.utils import parse_timedelta
+
+from daskcollect.errors import ConfigurationError
+
+_HERE = os.path.dirname(__file__)
+
+with open(os.path.join(_HERE, "daskcollect.yaml")) as f:
+    DEFAULTS = yaml.safe_load(f)
+
+dask.config.update_defaults(DEFAULTS)
+
+
+@functools.cache
+def _schema() -> dict:
+    with open(os.path.join(_HERE, "daskcollect-schema.yaml")) as f:
+        return yaml.safe_load(f)
+
+
+def _validate(section: dict) -> None:
+    import jsonschema
+
+    validator = jsonschema.Draft7Validator(_schema())
+    error = next(iter(sorted(validator.iter_errors(section), key=lambda e: list(e.path))), None)
+    if error is None:
+        return
+    key = ".".join(["daskcollect", *map(str, error.absolute_path)])
+    raise ConfigurationError(
+        f"dask config {key} = {error.instance!r} is invalid: {error.message}. Fix it in your dask "
+        "config (yaml, DASK_DASKCOLLECT__... variables or dask.config.set); the defaults and their "
+        "meaning are in daskcollect/daskcollect.yaml.",
+        key=key,
+    )
+
+
+def _seconds(section: dict, key: str, optional: bool = False) -> float | None:
+    node: Any = section
+    for part in key.split("."):
+        node = node[part]
+    if node is None and optional:
+        return None
+    try:
+        return float(parse_timedelta(node, default="s"))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ConfigurationError(
+            f"dask config daskcollect.{key} = {node!r} is not a duration ({exc}). Use seconds or a "
+            'string such as "30s", "500ms" or "1h".',
+            key=f"daskcollect.{key}",
+        ) from None
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Bounds, in seconds, of every blocking wait (``daskcollect.timeouts.*``)."""
+
+    connect: float
+    workers: float
+    actor_start: float
+    rollout: float
+    weights: float
+    call: float
+    shutdown: float
+    retire: float
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """What the worker plugin and each actor apply (``daskcollect.worker.*``)."""
+
+    torch_threads: int | None = 1
+    gc_freeze: bool = True
+    trim_sys_path: bool = True
+    tick_interval: float | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every ``daskcollect.*`` setting, validated, durations in seconds."""
+
+    timeouts: Timeouts
+    liveness_interval: float
+    restart_delay: float
+    max_collector_restarts: int
+    report_interval: float
+    async_depth: int
+    driver_torch_threads: int | str | None
+    shared_memory_dir: str | None
+    max_unreleased: int
+    local_host: str
+    local_dashboard_address: str | None
+    local_cluster_config: dict
+    worker: WorkerSettings
+
+    @classmethod
+    def load(cls) -> Settings:
+        """Reads ``dask.config``'s ``daskcollect`` section now and validates it.
+
+        Raises:
+            ConfigurationError: Naming the first key with a bad value.
+        """
+        section = dask.config.get("daskcollect")
+        _validate(section)
+        timeouts = {
+            name.replace("-", "_"): _seconds(section, f"timeouts.{name}") for name in section["timeouts"]
+        }
+        weights = section["weights"]
+        local = section["local-cluster"]
+        worker = section["worker"]
+        return cls(
+            timeouts=Timeouts(**timeouts),
+            liveness_interval=_seconds(section, "liveness-interval"),
+            restart_delay=_seconds(section, "restart-delay"),
+            max_collector_restarts=section["max-collector-restarts"],
+            report_interval=_seconds(section, "dashboard.report-interval"),
+            async_depth=section["async-depth"],
+            driver_torch_threads=section["driver"]["torch-threads"],
+            shared_memory_dir=weights["shared-memory-dir"] if weights["shared-memory"] else None,
+            max_unreleased=section["memmap"]["max-unreleased"],
+            local_host=local["host"],
+            local_dashboard_address=local["dashboard-address"],
+            local_cluster_config=dict(local["cluster-config"] or {}),
+            worker=WorkerSettings(
+                torch_threads=worker["torch-threads"],
+                gc_freeze=worker["gc-freeze"],
+                trim_sys_path=worker["trim-sys-path"],
+                tick_interval=_seconds(section, "worker.tick-interval", optional=True),
+            ),
+        )

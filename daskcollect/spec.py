@@ -1,0 +1,249 @@
+"""From ``DaskCollector``'s keywords to a validated, frozen :class:`CollectionSpec` and the recipes.
+
+Every keyword is checked here, once, before any cluster is touched: a bad
+value is a :class:`~daskcollect.errors.ConfigurationError` naming the keyword
+and the fix. The spec then builds one cloudpickled
+:class:`~daskcollect.worker.recipe.CollectorRecipe` per collector.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchrl.collectors import BaseCollector, Collector, MultiAsyncCollector, MultiSyncCollector
+
+from daskcollect.errors import ConfigurationError
+from daskcollect.options import BatchOptions, ClusterOptions, FaultOptions, OutputOptions, WeightOptions
+from daskcollect.settings import Settings
+from daskcollect.worker.recipe import CollectorRecipe
+
+_COLLECTOR_ALIASES = {"single": Collector, "sync": MultiSyncCollector, "async": MultiAsyncCollector}
+#: RayCollector keywords that have no meaning on Dask; accepted so that code
+#: written for Ray runs unchanged, and ignored with a warning.
+RAY_ONLY = (
+    "ray_init_config",
+    "remote_configs",
+    "weight_updater",
+    "weight_sync_schemes",
+    "weight_recv_schemes",
+)
+_DEVICES = ("device", "storing_device", "env_device", "policy_device")
+#: Keywords handed to each worker's TorchRL collector as they are (``None``: TorchRL's default).
+_PASSED = (
+    "max_frames_per_traj", "reset_at_each_iter", "exploration_type", "trust_policy", "no_cuda_sync",
+    "trajs_per_batch", "pre_collect_hook", "post_collect_hook",
+)  # fmt: skip
+
+
+def per_collector(value: Any, name: str, n: int) -> list:
+    """Broadcasts ``value`` to ``n`` collectors, or checks a list's length."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ConfigurationError(
+                f"{name} is a list of length {len(value)} but there are {n} collectors. "
+                f"Pass one {name} per collector, or a single value for all."
+            )
+        return list(value)
+    return [value] * n
+
+
+def resolve_collector_class(collector_class: Any) -> type:
+    """A TorchRL collector class from a class or one of ``"single"``, ``"sync"``, ``"async"``."""
+    if isinstance(collector_class, str):
+        try:
+            return _COLLECTOR_ALIASES[collector_class]
+        except KeyError:
+            raise ConfigurationError(
+                f"collector_class={collector_class!r} is unknown. Use 'single', 'sync', "
+                "'async' or a torchrl.collectors.BaseCollector subclass."
+            ) from None
+    if isinstance(collector_class, type) and issubclass(collector_class, BaseCollector):
+        return collector_class
+    raise ConfigurationError(
+        f"collector_class must be a torchrl.collectors.BaseCollector subclass or one of "
+        f"'single', 'sync', 'async', got {collector_class!r}."
+    )
+
+
+def _check_replay_buffer(replay_buffer: Any, memmap: bool) -> None:
+    if replay_buffer is None:
+        return
+    if not callable(getattr(replay_buffer, "extend", None)):
+        raise ConfigurationError(
+            f"replay_buffer must be a torchrl.data.ReplayBuffer (with .extend), got "
+            f"{type(replay_buffer).__name__}."
+        )
+    storage = getattr(replay_buffer, "_storage", None)
+    if memmap and type(storage).__name__ == "ListStorage":
+        raise ConfigurationError(
+            "A ListStorage keeps references to the memory-mapped batches, whose files are deleted "
+            "once the buffer is extended. Use LazyTensorStorage or LazyMemmapStorage with "
+            "output='memmap'."
+        )
+
+
+def _check_ray_only(ray_only: Mapping[str, Any]) -> None:
+    unknown = set(ray_only) - set(RAY_ONLY)
+    if unknown:
+        raise TypeError(f"DaskCollector got unexpected keyword arguments {sorted(unknown)}")
+    for name, value in ray_only.items():
+        if value is not None:
+            warnings.warn(f"{name} is specific to Ray and is ignored by DaskCollector.", stacklevel=4)
+
+
+@dataclass(frozen=True)
+class RecipeInputs:
+    """What the recipes are built from (one value, or one per collector, each)."""
+
+    create_env_fn: Any
+    policy: Any
+    policy_factory: Any
+    collector_class: type
+    collector_kwargs: Any
+    num_envs: int
+    devices: Mapping[str, Any]
+    passed: Mapping[str, Any]
+    init_random_frames: int | None
+    use_env_creator: bool
+
+
+@dataclass(frozen=True)
+class CollectionSpec:
+    """Everything a collection is, validated once.
+
+    Attributes:
+        batch, weights, cluster, output, faults: The option groups.
+        num_collectors: Collectors asked for; ``None``: one per eligible worker.
+        follow: Follow the cluster: a worker that joins gets a collector, one
+            that leaves takes its collector with it.
+        seed: ``set_seed(seed)`` once the collectors exist.
+        inputs: What the recipes are built from.
+    """
+
+    batch: BatchOptions
+    weights: WeightOptions
+    cluster: ClusterOptions
+    output: OutputOptions
+    faults: FaultOptions
+    num_collectors: int | None
+    follow: bool
+    seed: int | None
+    inputs: RecipeInputs = field(repr=False)
+
+    @classmethod
+    def from_keywords(cls, settings: Settings, kw: dict[str, Any]) -> CollectionSpec:
+        """Validates ``DaskCollector``'s keywords (``kw``, by name).
+
+        Raises:
+            ConfigurationError: Naming the keyword and the fix.
+            TypeError: For a keyword that neither TorchRL nor Ray knows.
+        """
+        _check_ray_only(kw.get("ray_only", {}))
+        batch = BatchOptions(
+            kw["frames_per_batch"], kw["total_frames"], bool(kw["sync"]), kw["split_trajs"], kw["postproc"]
+        )
+        weights = WeightOptions(
+            kw["update_after_each_batch"], kw["max_weight_update_interval"], bool(kw["track_policy_version"])
+        )
+        cluster = ClusterOptions(
+            kw["client"], kw["scheduler_file"], kw["worker_env"] or {}, kw["worker_resources"], kw["security"]
+        )
+        max_unreleased = kw["max_unreleased"]
+        output = OutputOptions(
+            kw["output"], kw["memmap_dir"], kw["memmap_retention"],
+            settings.max_unreleased if max_unreleased is None else max_unreleased, kw["replay_buffer"],
+        )  # fmt: skip
+        if output.memmap and (batch.postproc is not None or batch.split_trajs):
+            raise ConfigurationError(
+                "postproc and split_trajs need the data on the driver; with output='memmap' apply "
+                "them to batch.load() yourself."
+            )
+        _check_replay_buffer(kw["replay_buffer"], output.memmap)
+        restarts = kw["max_collector_restarts"]
+        faults = FaultOptions(
+            settings.max_collector_restarts if restarts is None else restarts, kw["on_env_error"]
+        )
+        num_collectors, follow = cls._collectors(kw)
+        num_envs = kw["num_workers_per_collector"]
+        if not isinstance(num_envs, int) or num_envs < 1:
+            raise ConfigurationError(f"num_workers_per_collector must be an int >= 1, got {num_envs!r}.")
+        inputs = RecipeInputs(
+            kw["create_env_fn"], kw["policy"], kw["policy_factory"],
+            resolve_collector_class(kw["collector_class"]), kw["collector_kwargs"], num_envs,
+            {k: kw[k] for k in _DEVICES}, {k: kw[k] for k in _PASSED}, kw["init_random_frames"],
+            bool(kw["use_env_creator"]),
+        )  # fmt: skip
+        return cls(batch, weights, cluster, output, faults, num_collectors, follow, kw["seed"], inputs)
+
+    @staticmethod
+    def _collectors(kw: dict[str, Any]) -> tuple[int | None, bool]:
+        """``num_collectors`` (``None``: from the cluster) and whether to follow the cluster."""
+        envs, n = kw["create_env_fn"], kw["num_collectors"]
+        listed = isinstance(envs, (list, tuple))
+        if n not in (None, "auto") and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ConfigurationError(f"num_collectors must be an int >= 1 or 'auto', got {n!r}.")
+        given = kw["client"] is not None or kw["scheduler_file"] is not None
+        follow = not listed and (n == "auto" or (n is None and given))
+        if n == "auto":
+            if listed:
+                raise ConfigurationError(
+                    "num_collectors='auto' needs a single create_env_fn (every new worker runs it); "
+                    "pass one constructor, or a fixed num_collectors."
+                )
+            n = None
+        if listed:
+            if n is not None and n != len(envs):
+                raise ConfigurationError(
+                    f"create_env_fn is a list of length {len(envs)} but num_collectors={n}. Pass one "
+                    "env constructor per collector, or leave num_collectors unset."
+                )
+            n = len(envs)
+        elif not callable(envs):
+            raise ConfigurationError(
+                f"create_env_fn must be a callable returning an env (or a list of them), got "
+                f"{type(envs).__name__}. Pass e.g. lambda: GymEnv('CartPole-v1')."
+            )
+        return n, follow
+
+    def check_count(self, n: int) -> None:
+        """Checks the settings that depend on the number of collectors."""
+        out = self.output
+        if out.memmap and self.batch.sync and out.max_unreleased < n:
+            raise ConfigurationError(
+                f"max_unreleased={out.max_unreleased} is below num_collectors={n}: a sync batch holds "
+                "one rollout folder per collector. Raise max_unreleased."
+            )
+
+    def recipes(self, n: int) -> list[bytes]:
+        """One cloudpickled recipe per collector; identical recipes are pickled once and shared."""
+        inputs = self.inputs
+        envs = per_collector(inputs.create_env_fn, "create_env_fn", n)
+        factories = per_collector(inputs.policy_factory, "policy_factory", n)
+        user_kwargs = per_collector(inputs.collector_kwargs or {}, "collector_kwargs", n)
+        devices = {k: per_collector(v, k, n) for k, v in inputs.devices.items()}
+        shared = {k: v for k, v in inputs.passed.items() if v is not None}
+        if inputs.init_random_frames:
+            shared["init_random_frames"] = inputs.init_random_frames // n
+        blobs: list[tuple[CollectorRecipe, bytes]] = []
+        out = []
+        for i in range(n):
+            kwargs = {**shared, **{k: v[i] for k, v in devices.items() if v[i] is not None}, **user_kwargs[i]}
+            kwargs["frames_per_batch"] = self.batch.frames_per_collector(n)
+            kwargs["split_trajs"] = False  # split on the driver, after stacking
+            env = envs[i]
+            if inputs.use_env_creator:
+                from torchrl.envs import EnvCreator
+
+                env = env if isinstance(env, EnvCreator) else EnvCreator(env)
+            recipe = CollectorRecipe(
+                env, inputs.policy, factories[i], inputs.collector_class, kwargs, inputs.num_envs
+            )
+            blob = next((b for r, b in blobs if r == recipe), None)
+            if blob is None:
+                blob = recipe.dumps()
+                blobs.append((recipe, blob))
+            out.append(blob)
+        return out

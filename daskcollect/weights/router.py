@@ -1,0 +1,118 @@
+"""The weight router: versions, what each collector has still to load, and the route to it.
+
+The router is the single owner of weights versions. Each update is written
+once per route (shared memory for collectors on the driver's host, one Dask
+scatter for the others) and recorded as *pending* for its collectors; the next
+rollout call of a collector carries the pending reference, and a rollout that
+reports having loaded that version clears it. The latest weights of each
+collector are kept, so that a replacement starts from them.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from tensordict import TensorDictBase
+
+from daskcollect.weights.payload import Sent
+from daskcollect.weights.scatter import ScatterTransport
+from daskcollect.weights.shm import Probe, SharedMemoryTransport
+
+
+class Target(Protocol):
+    """A collector as the router sees it."""
+
+    index: int
+    address: str
+    on_driver_host: bool
+
+
+class WeightRouter:
+    """Sends weights through the right transport and tracks what each collector has.
+
+    Args:
+        scatter: The Dask transport (always available).
+        shm: The shared-memory transport, or ``None`` where it is off.
+    """
+
+    def __init__(self, scatter: ScatterTransport, shm: SharedMemoryTransport | None):
+        self._scatter = scatter
+        self._shm = shm
+        self.version = 0
+        self._pending: dict[int, Sent] = {}
+        self._latest: dict[int, Sent] = {}
+        self._newest: Sent | None = None
+        self._since_update: dict[int, int] = {}
+
+    @property
+    def probe(self) -> Probe | None:
+        """What actors read to find out whether they share the driver's shared memory."""
+        return self._shm.probe if self._shm is not None else None
+
+    def publish(self, weights: TensorDictBase, targets: list[Target]) -> int:
+        """Sends ``weights`` as a new version to ``targets``; returns that version."""
+        self.version += 1
+        self._send(weights, self.version, targets)
+        return self.version
+
+    def adopt(self, target: Target) -> None:
+        """Gives a new collector the latest weights sent to its index, or to anyone."""
+        sent = self._latest.get(target.index) or self._newest
+        if sent is not None:
+            # Sent again: the old replicas may have died with the old worker.
+            self._send(sent.payload.weights, sent.version, [target])
+
+    def _send(self, weights: TensorDictBase, version: int, targets: list[Target]) -> None:
+        if not targets:
+            return
+        local = [t for t in targets if t.on_driver_host] if self._shm is not None else []
+        routes: list[tuple[Sent, list[Target]]] = []
+        sent = self._shm.send(weights, version, [t.address for t in local]) if local else None
+        if sent is not None:
+            routes.append((sent, local))
+        remote = [t for t in targets if sent is None or not t.on_driver_host]
+        if remote:
+            routes.append((self._scatter.send(weights, version, [t.address for t in remote]), remote))
+        for sent, group in routes:
+            if self._newest is None or version >= self._newest.version:
+                self._newest = sent
+            for target in group:
+                self._pending[target.index] = self._latest[target.index] = sent
+                self._since_update[target.index] = 0
+
+    def carry(self, index: int, sent: Sent) -> None:
+        """Makes collector ``index``'s next rollout call carry ``sent``.
+
+        For tools and tests that route weights themselves (e.g. to a worker
+        that does not host the collector).
+        """
+        self._pending[index] = self._latest[index] = sent
+
+    def pending(self, index: int) -> Sent | None:
+        """The weights collector ``index`` has not loaded yet (its next call carries them)."""
+        return self._pending.get(index)
+
+    def loaded(self, index: int, version: int) -> None:
+        """Records a batch of collector ``index`` collected with weights ``version``."""
+        self._since_update[index] = self._since_update.get(index, 0) + 1
+        sent = self._pending.get(index)
+        if sent is not None and sent.version <= version:
+            del self._pending[index]
+
+    def stale(self, indices: list[int], interval: int) -> list[int]:
+        """The collectors that produced more than ``interval`` batches since their last update."""
+        return [i for i in indices if self._since_update.get(i, 0) > interval]
+
+    def route(self, index: int) -> str | None:
+        """How collector ``index`` got its latest weights (``None``: only those it was built with)."""
+        sent = self._latest.get(index)
+        return sent.route if sent is not None else None
+
+    def close(self) -> None:
+        """Drops every reference (their files and futures go) and the shared-memory folder."""
+        self._pending.clear()
+        self._latest.clear()
+        self._newest = None
+        self._scatter.close()
+        if self._shm is not None:
+            self._shm.close()

@@ -1,0 +1,178 @@
+"""``CollectorActor``: the long-lived object on each worker around a TorchRL collector.
+
+One actor lives in each worker process (sync actor methods on a worker share
+one thread). It builds its envs and policy once, keeps them between rollouts,
+loads new weights in place between rollouts, and returns CPU batches whose
+trajectory ids are unique across the whole collection.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+import traceback
+from typing import Any
+
+import cloudpickle
+import numpy as np
+import torch
+from distributed import get_worker
+from tensordict import TensorDictBase
+
+from daskcollect.errors import RolloutError, SharedFilesystemError
+from daskcollect.memmap import check_writable, write_batch
+from daskcollect.weights.payload import WeightsRef
+from daskcollect.worker.rollout import TRAJ_ID_BITS, ActorSpec, Rollout
+
+
+class CollectorActor:
+    """Hosts one TorchRL collector inside a Dask worker (created with ``actor=True``).
+
+    Args:
+        spec: How to label its output.
+        recipe: A cloudpickled :class:`~daskcollect.worker.recipe.CollectorRecipe`
+            (scattered once by the driver, so Dask resolves it from a future).
+    """
+
+    def __init__(self, spec: ActorSpec, recipe: bytes):
+        self._worker = get_worker()
+        self.spec = spec
+        self.where = f"collector {spec.index} on worker {self._worker.address}"
+        if spec.memmap_root is not None:
+            check_writable(spec.memmap_root, self.where)  # before any rollout
+        self.policy_version = 0
+        self.rollouts = 0
+        self._recipe = cloudpickle.loads(recipe)
+        self._weights: TensorDictBase | None = None  # the last weights loaded, kept for rebuilds
+        self._shared = spec.shared_memory is not None and spec.shared_memory.matches()
+        self._build()
+        if spec.seed is not None:
+            self.set_seed(spec.seed)
+            self._collector.reset()
+        if spec.gc_freeze:
+            # Move the long-lived heap (Dask, torch, the envs) out of the
+            # collector's way: full collections then scan only rollout garbage.
+            gc.freeze()
+
+    # --- weights -----------------------------------------------------------
+    def shares_driver_memory(self) -> bool:
+        """Whether this worker reads weights from the driver's shared memory."""
+        return self._shared
+
+    def _load(self, ref: WeightsRef) -> None:
+        weights = ref.read(self._worker, self.spec.weights_timeout)
+        self._collector.update_policy_weights_(weights)
+        self.policy_version = ref.version
+        if self.spec.restart_env_on_error:
+            self._weights = weights.clone()  # the received memory is not ours to keep
+
+    def _build(self) -> None:
+        self._collector = self._recipe.build(self.where)
+        self._iterator = iter(self._collector)
+        if self._weights is not None:
+            self._collector.update_policy_weights_(self._weights)
+
+    def _rebuild_after(self, exc: BaseException) -> str:
+        """Drops the broken collector and builds a fresh one (``on_env_error="restart"``)."""
+        error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+        try:
+            self._collector.shutdown()
+        except Exception:  # it is broken already: only its replacement matters
+            pass
+        self._build()
+        return error
+
+    # --- rollouts ----------------------------------------------------------
+    def rollout(self, weights: WeightsRef | None = None) -> Rollout:
+        """Collects one batch, after loading ``weights`` if they are newer.
+
+        Raises:
+            RolloutError: With the worker, the collector index and the original
+                traceback, if the env or the policy raised.
+        """
+        start, cpu0 = time.perf_counter(), time.thread_time()
+        try:
+            if weights is not None and weights.version != self.policy_version:
+                self._load(weights)
+            batch = next(self._iterator)
+        except Exception as exc:
+            if not self.spec.restart_env_on_error:
+                raise RolloutError(
+                    f"{self.where}: rollout {self.rollouts} failed with {type(exc).__name__}: "
+                    f"{exc}\n\nOriginal traceback (on the worker):\n{traceback.format_exc()}",
+                    worker=self._worker.address,
+                    index=self.spec.index,
+                ) from None
+            return self._record(start, cpu0, error=self._rebuild_after(exc))
+        batch = self._label(batch)
+        frames, batch_size = batch.numel(), batch.batch_size
+        if self.spec.memmap_root is None:
+            return self._record(start, cpu0, batch=batch, batch_size=batch_size, frames=frames)
+        path = self._write(batch)
+        return self._record(start, cpu0, path=path, batch_size=batch_size, frames=frames)
+
+    def _label(self, batch: TensorDictBase) -> TensorDictBase:
+        """Moves the batch to CPU and writes its provenance into it."""
+        if batch.device is None or batch.device.type != "cpu":
+            batch = batch.to("cpu")  # CUDA tensors do not serialize
+        uid = self.spec.uid
+        ids = batch.get(("collector", "traj_ids"), None)
+        if ids is not None and uid:
+            offset = uid << TRAJ_ID_BITS
+            batch.set(("collector", "traj_ids"), torch.where(ids >= 0, ids + offset, ids))
+        # Each frame names the actor incarnation and rollout that made it: a
+        # (collector_id, rollout_id) pair is never yielded twice.
+        batch.set(("collector", "collector_id"), torch.full(batch.shape, uid, dtype=torch.int64))
+        batch.set(("collector", "rollout_id"), torch.full(batch.shape, self.rollouts, dtype=torch.int64))
+        if self.spec.track_policy_version:
+            batch.set("policy_version", torch.full(batch.shape, self.policy_version, dtype=torch.int64))
+        return batch
+
+    def _write(self, batch: TensorDictBase) -> str:
+        root = self.spec.memmap_root
+        try:
+            return write_batch(batch, root, f"c{self.spec.uid}-r{self.rollouts}")
+        except OSError as exc:
+            raise SharedFilesystemError(
+                f"{self.where}: writing rollout {self.rollouts} under {root!r} failed ({exc}). "
+                "Check the shared filesystem's free space and permissions.",
+                path=root,
+            ) from None
+
+    def _record(self, start: float, cpu0: float, **fields: Any) -> Rollout:
+        """The rollout record (the one place it is built); counts the rollout."""
+        out = Rollout(
+            index=self.spec.index,
+            uid=self.spec.uid,
+            rollout_id=self.rollouts,
+            policy_version=self.policy_version,
+            seconds=time.perf_counter() - start,
+            cpu_seconds=time.thread_time() - cpu0,
+            **fields,
+        )
+        self.rollouts += 1
+        return out
+
+    # --- state -------------------------------------------------------------
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seeds the envs, torch and NumPy, as a ``MultiSyncCollector`` worker does."""
+        out = self._collector.set_seed(seed, static_seed=static_seed)
+        torch.manual_seed(seed)
+        np.random.seed(seed % 2**32)
+        return out
+
+    def reset(self) -> None:
+        """Resets the envs (the next rollout starts new trajectories)."""
+        self._collector.reset()
+
+    def state_dict(self) -> dict:
+        return self._collector.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._collector.load_state_dict(state_dict)
+
+    def close(self) -> None:
+        """Shuts the TorchRL collector down (envs and any sub-processes)."""
+        collector, self._collector = getattr(self, "_collector", None), None
+        if collector is not None:
+            collector.shutdown()

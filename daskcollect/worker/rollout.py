@@ -1,0 +1,77 @@
+"""How to start one collector actor, and the record one rollout call returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDictBase
+
+from daskcollect.weights.shm import Probe
+
+#: Trajectory ids of collector ``uid`` live in ``[uid << TRAJ_ID_BITS, (uid + 1) << TRAJ_ID_BITS)``.
+TRAJ_ID_BITS = 32
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    """How to start one actor.
+
+    Attributes:
+        index: The collector's slot (0..num_collectors-1).
+        uid: Unique id of this actor incarnation; it namespaces trajectory ids.
+        track_policy_version: Write ``"policy_version"`` into each batch.
+        memmap_root: With ``output="memmap"``, the folder (on a shared
+            filesystem) where rollouts are written; ``None`` returns batches.
+        restart_env_on_error: Rebuild the collector when a rollout raises
+            (``on_env_error="restart"``) instead of raising.
+        seed: Seed the envs with it once built (replacement collectors).
+        shared_memory: The driver's shared-memory probe: an actor that reads it
+            gets its weights from the driver's shared memory.
+        weights_timeout: Bound, in seconds, on fetching weights from a peer.
+        gc_freeze: ``gc.freeze()`` once the collector is built.
+    """
+
+    index: int
+    uid: int
+    track_policy_version: bool = False
+    memmap_root: str | None = None
+    restart_env_on_error: bool = False
+    seed: int | None = None
+    shared_memory: Probe | None = None
+    weights_timeout: float = 60.0
+    gc_freeze: bool = True
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One rollout's batch and where it came from.
+
+    Attributes:
+        index: The collector's slot.
+        uid: The actor incarnation that made it.
+        rollout_id: The actor's rollout counter (0-based).
+        policy_version: The weights version the batch was collected with.
+        seconds: Wall time of the rollout on the worker.
+        cpu_seconds: CPU time of the rollout thread (``seconds`` minus this is
+            time spent waiting for the GIL or a core).
+        batch: The CPU TensorDict, or ``None`` when it was written to ``path``
+            or the rollout failed.
+        path: The memory-mapped folder of the batch (``output="memmap"``).
+        batch_size: The batch's shape.
+        frames: Frames in the batch.
+        error: With ``on_env_error="restart"``: the error that ended this
+            rollout (its frames are dropped whole, and the collector was rebuilt).
+    """
+
+    index: int
+    uid: int
+    rollout_id: int
+    policy_version: int
+    seconds: float
+    cpu_seconds: float
+    batch: TensorDictBase | None = None
+    path: str | None = None
+    batch_size: torch.Size = torch.Size([])
+    frames: int = 0
+    error: str | None = None

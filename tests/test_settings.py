@@ -1,0 +1,44 @@
+"""Settings: read and validated once against daskcollect-schema.yaml; bad values name their key."""
+
+from __future__ import annotations
+
+import dask
+import pytest
+
+from daskcollect import ConfigurationError, DaskCollector
+from daskcollect.settings import Settings
+from daskcollect.testing import make_cartpole
+
+
+def test_defaults_are_valid_and_durations_are_seconds():
+    settings = Settings.load()
+    assert settings.timeouts.rollout > 0 and settings.liveness_interval == 1.0
+    assert settings.async_depth >= 1 and settings.worker.tick_interval == 1.0
+    with dask.config.set({"daskcollect.timeouts.rollout": "1h", "daskcollect.worker.tick-interval": None}):
+        settings = Settings.load()
+    assert settings.timeouts.rollout == 3600.0 and settings.worker.tick_interval is None
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("daskcollect.driver.torch-threads", "many"),
+        ("daskcollect.timeouts.rollout", None),
+        ("daskcollect.timeouts.call", "soon"),
+        ("daskcollect.async-depth", 0),
+        ("daskcollect.memmap.max-unreleased", "16"),
+        ("daskcollect.weights.shared-memory", "yes"),
+        ("daskcollect.timeouts.rollot", "10s"),
+    ],
+)
+def test_a_bad_value_names_its_key(key, value):
+    with dask.config.set({key: value}), pytest.raises(ConfigurationError) as info:
+        Settings.load()
+    named = key if not key.endswith("rollot") else "daskcollect.timeouts"
+    assert named in str(info.value) and info.value.key.startswith(named)
+
+
+def test_a_collector_rejects_bad_settings_before_touching_a_cluster():
+    with dask.config.set({"daskcollect.driver.torch-threads": "many"}):
+        with pytest.raises(ConfigurationError, match="daskcollect.driver.torch-threads"):
+            DaskCollector(make_cartpole, frames_per_batch=10, client="tcp://127.0.0.1:1")
