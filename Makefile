@@ -37,6 +37,8 @@ bench: install
 	$(PY) benchmarks/broadcast.py --sizes-mb 1 10 100 --workers 2 4 8
 	$(PY) benchmarks/datapath.py --repeats 10
 	$(PY) benchmarks/startup.py --workers 4 --pairs 3
+	$(PY) benchmarks/lag.py --batches 300
+	$(PY) benchmarks/replay_buffer.py --frames 4000 --pairs 3
 	$(PY) benchmarks/report.py
 
 # Every benchmark with tiny budgets, into a scratch folder: they keep working (CI runs this).
@@ -49,6 +51,8 @@ bench-smoke: install
 	$(PY) benchmarks/broadcast.py --sizes-mb 0.1 --workers 2 --repeats 2 --warmup 1 --out $(SMOKE)/p3.json
 	$(PY) benchmarks/datapath.py --repeats 1 --out $(SMOKE)/p4.json
 	$(PY) benchmarks/startup.py --workers 2 --pairs 1 --frames-per-batch 100 --out $(SMOKE)/p6.json
+	$(PY) benchmarks/lag.py --batches 20 --frames-per-batch 50 --out $(SMOKE)/lag.json
+	$(PY) benchmarks/replay_buffer.py --frames 400 --frames-per-batch 100 --pairs 1 --out $(SMOKE)/rb.json
 	cp docs/benchmarks.md $(SMOKE)/benchmarks.md
 	$(PY) benchmarks/report.py --doc $(SMOKE)/benchmarks.md --png $(SMOKE)/benchmarks.png
 	rm -rf $(SMOKE)

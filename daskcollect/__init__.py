@@ -5,6 +5,7 @@ The public names:
 - :class:`DaskCollector`, a TorchRL ``BaseCollector`` whose collectors live in
   Dask worker processes as actors;
 - :class:`MemmapBatch`, the handle yielded with ``output="memmap"``;
+- :class:`DaskReplayBuffer`, a TorchRL replay buffer living on a worker;
 - the typed exceptions of :mod:`daskcollect.errors`.
 
 Importing daskcollect registers its defaults under ``dask.config``'s
@@ -35,6 +36,7 @@ from daskcollect.errors import (
     NotEnoughWorkersError,
     PolicyFactoryError,
     PolicySerializationError,
+    ReplayBufferLostError,
     RolloutError,
     SharedFilesystemError,
 )
@@ -42,10 +44,15 @@ from daskcollect.errors import (
 if TYPE_CHECKING:
     from daskcollect.collector import DaskCollector
     from daskcollect.memmap import MemmapBatch
+    from daskcollect.replay_buffer import DaskReplayBuffer
 
 __version__ = "0.1.0"
 
-_LAZY = {"DaskCollector": "daskcollect.collector", "MemmapBatch": "daskcollect.memmap"}
+_LAZY = {
+    "DaskCollector": "daskcollect.collector",
+    "DaskReplayBuffer": "daskcollect.replay_buffer",
+    "MemmapBatch": "daskcollect.memmap",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -69,6 +76,7 @@ __all__ = [
     "ConfigurationError",
     "DaskCollectError",
     "DaskCollector",
+    "DaskReplayBuffer",
     "DaskVersionError",
     "EndlessCollectionError",
     "EnvConstructionError",
@@ -76,6 +84,7 @@ __all__ = [
     "NotEnoughWorkersError",
     "PolicyFactoryError",
     "PolicySerializationError",
+    "ReplayBufferLostError",
     "RolloutError",
     "SharedFilesystemError",
     "__version__",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -106,6 +107,7 @@ def _connect_existing(options: ClusterOptions, timeout: float) -> ClusterHandle:
         where = f"the scheduler at {address}"
     elif target is None:
         address = None
+        _wait_for_scheduler_file(str(options.scheduler_file), timeout)
         kwargs["scheduler_file"] = options.scheduler_file
         kwargs["security"] = options.security
         where = f"the scheduler named in {options.scheduler_file}"
@@ -133,6 +135,20 @@ def _connect_existing(options: ClusterOptions, timeout: float) -> ClusterHandle:
             address=address,
         ) from exc
     return ClusterHandle(client)
+
+
+def _wait_for_scheduler_file(path: str, timeout: float) -> None:
+    """Waits (bounded) for a scheduler file to appear; Dask's own wait has no useful message."""
+
+    def fail() -> ClusterConnectionError:
+        return ClusterConnectionError(
+            f"The scheduler file {path!r} did not appear within {timeout:g}s. Start the scheduler with "
+            f"`dask scheduler --scheduler-file {path}` (on a filesystem this machine sees), check the "
+            "path, or raise daskcollect.timeouts.connect.",
+            path=path,
+        )
+
+    poll_until(lambda: os.path.exists(path), timeout, interval=0.1, fail=fail)
 
 
 def eligible_workers(client: Client, resources: Mapping[str, float] | None) -> list[str]:

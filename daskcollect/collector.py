@@ -16,6 +16,7 @@ policy), and iteration is one of the two strategies of
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -33,6 +34,7 @@ from torchrl.collectors._constants import DEFAULT_EXPLORATION_TYPE
 from torchrl.collectors.utils import split_trajectories
 
 from daskcollect import _dask, retirement
+from daskcollect.background import BackgroundCollection
 from daskcollect.cluster import ClusterHandle, connect, eligible_workers, wait_for_workers
 from daskcollect.engine import Engine
 from daskcollect.errors import CollectorClosedError, ConfigurationError, EndlessCollectionError
@@ -55,8 +57,10 @@ class DaskCollector(BaseCollector):
     Ray runs with the class name changed.
 
     Args:
-        create_env_fn: An env constructor (callable or ``EnvCreator``), or a
-            list of them, one per collector.
+        create_env_fn: An env constructor (callable or ``EnvCreator``), an
+            ``EnvBase`` instance (shipped pickled, with its state: transform
+            statistics set on the driver arrive intact), or a list of them,
+            one per collector.
         policy: The policy module, copied to every worker. ``None`` uses a
             random policy (or ``policy_factory``).
 
@@ -69,11 +73,14 @@ class DaskCollector(BaseCollector):
         storing_device: As ``device``, for the collected data.
         env_device: As ``device``, for the envs.
         policy_device: As ``device``, for the policy.
-        max_frames_per_traj: Passed to each worker's TorchRL collector.
-        init_random_frames: Passed to each worker's TorchRL collector, split
-            over the collectors.
-        reset_at_each_iter: Passed to each worker's TorchRL collector.
-        exploration_type: Passed to each worker's TorchRL collector.
+        max_frames_per_traj: Passed to each worker's TorchRL collector
+            (``-1``: no limit); overrides ``collector_kwargs``, as in Ray.
+        init_random_frames: Split over the collectors and passed to each
+            worker's TorchRL collector; overrides ``collector_kwargs``.
+        reset_at_each_iter: Passed to each worker's TorchRL collector;
+            overrides ``collector_kwargs``.
+        exploration_type: Passed to each worker's TorchRL collector;
+            overrides ``collector_kwargs``.
         postproc: Applied to each batch on the driver.
         split_trajs: Apply ``split_trajectories`` to each batch on the driver.
         collector_class: The TorchRL collector run on each worker:
@@ -144,8 +151,8 @@ class DaskCollector(BaseCollector):
         storing_device: Any = None,
         env_device: Any = None,
         policy_device: Any = None,
-        max_frames_per_traj: int | None = None,
-        init_random_frames: int | None = None,
+        max_frames_per_traj: int = -1,
+        init_random_frames: int = -1,
         reset_at_each_iter: bool = False,
         postproc: Callable | None = None,
         split_trajs: bool = False,
@@ -204,7 +211,9 @@ class DaskCollector(BaseCollector):
         self._frames = 0
         self._iter = -1
         self._pass_batches = 0
+        self._pass_limit: int | None = None  # set to end the pass once the calls in flight are in
         self._started = time.monotonic()
+        self._background = BackgroundCollection(self._background_batches, self._finish_pass, "daskcollect")
 
         self._closed = False
         try:
@@ -332,6 +341,8 @@ class DaskCollector(BaseCollector):
             raise
 
     def _check_open(self) -> None:
+        """Raises what ended the background collection, or if the collector was shut down."""
+        self._background.raise_error()
         if self._closed or self.engine is None:
             raise CollectorClosedError(
                 "This DaskCollector was shut down. Build a new DaskCollector to collect again."
@@ -339,11 +350,30 @@ class DaskCollector(BaseCollector):
 
     def _remaining(self) -> int | None:
         n = self.spec.batch.num_batches
-        return None if n is None else n - self._pass_batches
+        left = [x - self._pass_batches for x in (n, self._pass_limit) if x is not None]
+        return min(left) if left else None
+
+    def _finish_pass(self) -> None:
+        """Ends the pass once the rollouts in flight are in (they are yielded, nothing is lost)."""
+        self._pass_limit = self._pass_batches + self.engine.pool.num_inflight
 
     def iterator(self) -> Iterator[TensorDictBase | MemmapBatch | None]:
         self._check_open()
-        self._pass_batches = 0
+        if self._background.running:
+            raise ConfigurationError(
+                "This collector runs in the background (start()): read its replay buffer, or iterate "
+                "inside `with collector.pause():`."
+            )
+        self._pass_batches, self._pass_limit = 0, None
+        yield from self._batches()
+
+    def _background_batches(self, fresh: bool) -> Iterator[None]:
+        if fresh:
+            self._pass_batches = 0
+        self._pass_limit = None
+        yield from self._batches()
+
+    def _batches(self) -> Iterator[TensorDictBase | MemmapBatch | None]:
         if self.spec.batch.sync:
             source = SyncIteration(self.engine, self._remaining)
         else:
@@ -368,6 +398,8 @@ class DaskCollector(BaseCollector):
                 rb.extend(TensorDict.load_memmap(path))
             handle.release()
             return None
+        if rollouts[0].batch is None:
+            return None  # the collectors extended the cluster's replay buffer themselves
         batch = torch.stack([r.batch for r in rollouts], 0) if sync else rollouts[0].batch
         if self.split_trajs:
             batch = split_trajectories(batch)
@@ -377,6 +409,43 @@ class DaskCollector(BaseCollector):
             rb.extend(batch.reshape(-1) if batch.ndim > 1 else batch)
             return None
         return batch
+
+    # --- background collection --------------------------------------------
+    def start(self) -> None:
+        """Collects in the background into ``replay_buffer=`` until ``total_frames`` or :meth:`shutdown`.
+
+        Returns at once. An error in the background is raised at the next call
+        on the collector.
+
+        Raises:
+            ConfigurationError: Without a replay buffer.
+        """
+        self._check_open()
+        if self.replay_buffer is None:
+            raise ConfigurationError(
+                "start() collects in the background into a replay buffer: pass replay_buffer= (a "
+                "torchrl.data.ReplayBuffer) to DaskCollector, or iterate over the collector instead."
+            )
+        self._background.start()
+
+    @property
+    def collecting_in_background(self) -> bool:
+        """Whether a :meth:`start` is collecting now (``False`` once ``total_frames`` are in, or after an error)."""
+        return self._background.running
+
+    @contextlib.contextmanager
+    def pause(self, timeout: float | None = None, *, resume: bool = True) -> Iterator[None]:
+        """Stops background writes once the rollouts in flight are in; resumes on exit.
+
+        Args:
+            timeout: Bound on waiting for the rollouts in flight, in seconds
+                (default ``daskcollect.timeouts.rollout``).
+            resume: Resume the background collection when the block exits.
+        """
+        self._check_open()
+        timeout = self.settings.timeouts.rollout if timeout is None else timeout
+        with self._background.pause(timeout, resume=resume):
+            yield
 
     # --- monitoring -------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -505,8 +574,10 @@ class DaskCollector(BaseCollector):
         """
         if self._closed:
             return
-        self._closed = True
         timeout = self.settings.timeouts.shutdown if timeout is None else timeout
+        with contextlib.suppress(Exception):  # a stuck rollout: closing the actors ends it
+            self._background.stop(timeout)
+        self._closed = True
         if self.engine is not None:
             self._last_count = len(self.engine.pool.slots)
             if self._reporter is not None:
@@ -522,6 +593,8 @@ class DaskCollector(BaseCollector):
                 except Exception:  # scheduler gone: nothing left to undo
                     pass
             self._handle.close(timeout)
+        if raise_on_error:
+            self._background.raise_error()  # what ended a background collection, if nothing did yet
 
     def __enter__(self) -> DaskCollector:
         return self

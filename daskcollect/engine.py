@@ -96,12 +96,13 @@ class Engine:
         )
         if router is None:
             shm = SharedMemoryTransport.create(settings.shared_memory_dir)
-            router = WeightRouter(ScatterTransport(client, settings.timeouts.weights), shm)
+            reference = extract_weights(weights_source) if weights_source is not None else None
+            router = WeightRouter(ScatterTransport(client, settings.timeouts.weights), shm, reference)
         self.router = router
         template = ActorSpec(
             0, 0, spec.weights.track_policy_version, self.ledger.root if self.ledger else None,
             spec.faults.on_env_error == "restart", None, router.probe,
-            settings.timeouts.weights, settings.worker.gc_freeze,
+            settings.timeouts.weights, settings.worker.gc_freeze, getattr(spec.output.replay_buffer, "actor", None),
         )  # fmt: skip
         self.pool = pool or ActorPool(client, settings, template, spec.cluster.worker_resources)
         self.watcher = watcher or RetirementWatcher(client, self.pool, settings.timeouts.call)
@@ -294,8 +295,20 @@ class Engine:
         return [by_index[i] for i in ids]
 
     def send_weights(self, source: Any, slots: list[Slot]) -> int:
-        """Publishes the weights of ``source`` to ``slots`` as a new version; returns the version."""
-        return self.router.publish(extract_weights(source), slots)
+        """Publishes the weights of ``source`` to ``slots`` as a new version; returns the version.
+
+        Collectors with calls in flight are told at once, so that every rollout
+        starting after this returns uses the new weights; idle ones get them
+        with their next call.
+
+        Raises:
+            ConfigurationError: If the weights' keys, shapes or dtypes differ
+                from the policy's.
+        """
+        version = self.router.publish(extract_weights(source), slots)
+        offers = [(s, self.router.pending(s.index)) for s in slots if self.pool.inflight_count(s)]
+        self.pool.offer([(s, sent) for s, sent in offers if sent is not None])
+        return version
 
     def refresh(self, slots: list[Slot]) -> None:
         """Applies ``update_after_each_batch`` / ``max_weight_update_interval`` to ``slots``."""

@@ -87,3 +87,7 @@ class CollectorClosedError(DaskCollectError, RuntimeError):
 
 class DaskVersionError(DaskCollectError, RuntimeError):
     """The installed ``distributed`` lacks an internal that daskcollect relies on."""
+
+
+class ReplayBufferLostError(DaskCollectError, RuntimeError):
+    """The worker holding a :class:`~daskcollect.DaskReplayBuffer` is gone, or does not answer."""

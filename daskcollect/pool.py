@@ -418,6 +418,22 @@ class ActorPool:
             except Exception:  # a failed rollout: nothing to keep
                 pass
 
+    def offer(self, offers: list[tuple[Slot, Sent]]) -> None:
+        """Announces new weights to collectors, waiting (bounded) until each has them.
+
+        The announcement runs on each worker's event loop, even mid-rollout,
+        so the next rollout to start there uses these weights, whether its call
+        was queued before or after. A worker that does not answer is left to
+        the liveness checks.
+        """
+        calls = [(slot, slot.actor.offer_weights(sent.ref)) for slot, sent in offers]
+        deadline = time.monotonic() + self.settings.timeouts.call
+        for slot, call in calls:
+            try:
+                call.result(timeout=max(deadline - time.monotonic(), 0.01))
+            except Exception as exc:
+                logger.debug("collector %d did not take its weights (%s)", slot.index, exc)
+
     # --- other calls -------------------------------------------------------
     def call_all(self, method: str, *args: Any, timeout: float | None = None) -> list[Any]:
         """Calls ``method`` on every actor concurrently; results in index order."""

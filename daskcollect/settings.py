@@ -37,6 +37,19 @@ def _schema() -> dict:
         return yaml.safe_load(f)
 
 
+def _canonical(section: Any) -> Any:
+    """Keys with ``-`` for ``_``, as dask.config treats them (``DASK_DASKCOLLECT__ASYNC_DEPTH``).
+
+    ``local-cluster.cluster-config`` holds Dask's own keys and is kept as it is.
+    """
+    if not isinstance(section, dict):
+        return section
+    return {
+        k.replace("_", "-"): v if k.replace("_", "-") == "cluster-config" else _canonical(v)
+        for k, v in section.items()
+    }
+
+
 def _validate(section: dict) -> None:
     import jsonschema
 
@@ -45,10 +58,11 @@ def _validate(section: dict) -> None:
     if error is None:
         return
     key = ".".join(["daskcollect", *map(str, error.absolute_path)])
+    shown = "" if isinstance(error.instance, dict) else f" = {error.instance!r}"
     raise ConfigurationError(
-        f"dask config {key} = {error.instance!r} is invalid: {error.message}. Fix it in your dask "
-        "config (yaml, DASK_DASKCOLLECT__... variables or dask.config.set); the defaults and their "
-        "meaning are in daskcollect/daskcollect.yaml.",
+        f"dask config {key}{shown} is invalid: {error.message}. Fix it in your dask config (yaml, "
+        "DASK_DASKCOLLECT__... variables or dask.config.set); the keys, defaults and their meaning "
+        "are in daskcollect/daskcollect.yaml.",
         key=key,
     )
 
@@ -118,7 +132,7 @@ class Settings:
         Raises:
             ConfigurationError: Naming the first key with a bad value.
         """
-        section = dask.config.get("daskcollect")
+        section = _canonical(dask.config.get("daskcollect"))
         _validate(section)
         timeouts = {
             name.replace("-", "_"): _seconds(section, f"timeouts.{name}") for name in section["timeouts"]

@@ -31,11 +31,10 @@ RAY_ONLY = (
     "weight_recv_schemes",
 )
 _DEVICES = ("device", "storing_device", "env_device", "policy_device")
-#: Keywords handed to each worker's TorchRL collector as they are (``None``: TorchRL's default).
-_PASSED = (
-    "max_frames_per_traj", "reset_at_each_iter", "exploration_type", "trust_policy", "no_cuda_sync",
-    "trajs_per_batch", "pre_collect_hook", "post_collect_hook",
-)  # fmt: skip
+#: Top-level keywords that overwrite the same keys of ``collector_kwargs``, as RayCollector's do.
+OVERRIDING = ("max_frames_per_traj", "reset_at_each_iter", "exploration_type")
+#: Top-level keywords that only fill ``collector_kwargs`` where it lacks them (and are not ``None``).
+DEFAULTING = ("trust_policy", "no_cuda_sync", "trajs_per_batch", "pre_collect_hook", "post_collect_hook")
 
 
 def per_collector(value: Any, name: str, n: int) -> list:
@@ -75,6 +74,13 @@ def _check_replay_buffer(replay_buffer: Any, memmap: bool) -> None:
         raise ConfigurationError(
             f"replay_buffer must be a torchrl.data.ReplayBuffer (with .extend), got "
             f"{type(replay_buffer).__name__}."
+        )
+    from daskcollect.replay_buffer import DaskReplayBuffer
+
+    if memmap and isinstance(replay_buffer, DaskReplayBuffer):
+        raise ConfigurationError(
+            "With a DaskReplayBuffer the collectors extend the buffer themselves and nothing is written "
+            "to memmap_dir: drop output='memmap'."
         )
     storage = getattr(replay_buffer, "_storage", None)
     if memmap and type(storage).__name__ == "ListStorage":
@@ -173,7 +179,7 @@ class CollectionSpec:
         inputs = RecipeInputs(
             kw["create_env_fn"], kw["policy"], kw["policy_factory"],
             resolve_collector_class(kw["collector_class"]), kw["collector_kwargs"], num_envs,
-            {k: kw[k] for k in _DEVICES}, {k: kw[k] for k in _PASSED}, kw["init_random_frames"],
+            {k: kw[k] for k in _DEVICES}, {k: kw[k] for k in OVERRIDING + DEFAULTING}, kw["init_random_frames"],
             bool(kw["use_env_creator"]),
         )  # fmt: skip
         return cls(batch, weights, cluster, output, faults, num_collectors, follow, kw["seed"], inputs)
@@ -217,6 +223,44 @@ class CollectionSpec:
                 "one rollout folder per collector. Raise max_unreleased."
             )
 
+    def _collector_kwargs(
+        self, kwargs: dict[str, Any], n: int, devices: dict[str, Any], scheme: Any
+    ) -> dict[str, Any]:
+        """One worker's collector keywords, with RayCollector's precedence (docs/api.md).
+
+        ``collector_kwargs`` come first; the hooks, ``trajs_per_batch``,
+        ``trust_policy`` and ``no_cuda_sync`` fill only what they lack; the
+        batch size, the devices, ``max_frames_per_traj``, ``init_random_frames``
+        (split over the collectors), ``reset_at_each_iter`` and
+        ``exploration_type`` overwrite them.
+        """
+        inputs = self.inputs
+        for key in DEFAULTING:
+            if inputs.passed[key] is not None:
+                kwargs.setdefault(key, inputs.passed[key])
+        kwargs.update({key: inputs.passed[key] for key in OVERRIDING})
+        kwargs.update(devices)
+        kwargs["init_random_frames"] = max(0, int(inputs.init_random_frames or 0)) // n
+        kwargs["frames_per_batch"] = self.batch.frames_per_collector(n)
+        kwargs["split_trajs"] = False  # split on the driver, after stacking
+        if scheme is not None and "weight_sync_schemes" not in kwargs:
+            kwargs["weight_sync_schemes"] = {"policy": scheme}
+        return kwargs
+
+    def _inner_scheme(self) -> Any:
+        """TorchRL's shared-memory scheme for a factory-built policy in ``Multi*Collector`` processes.
+
+        Such a policy lives in the inner processes only: the scheme carries each
+        update from the worker's collector to them, as RayCollector arranges.
+        """
+        inputs = self.inputs
+        multi = issubclass(inputs.collector_class, (MultiSyncCollector, MultiAsyncCollector))
+        if not (multi and inputs.policy is None and inputs.policy_factory is not None):
+            return None
+        from torchrl.weight_update import SharedMemWeightSyncScheme
+
+        return SharedMemWeightSyncScheme()
+
     def recipes(self, n: int) -> list[bytes]:
         """One cloudpickled recipe per collector; identical recipes are pickled once and shared."""
         inputs = self.inputs
@@ -224,20 +268,18 @@ class CollectionSpec:
         factories = per_collector(inputs.policy_factory, "policy_factory", n)
         user_kwargs = per_collector(inputs.collector_kwargs or {}, "collector_kwargs", n)
         devices = {k: per_collector(v, k, n) for k, v in inputs.devices.items()}
-        shared = {k: v for k, v in inputs.passed.items() if v is not None}
-        if inputs.init_random_frames:
-            shared["init_random_frames"] = inputs.init_random_frames // n
+        scheme = self._inner_scheme()
         blobs: list[tuple[CollectorRecipe, bytes]] = []
         out = []
         for i in range(n):
-            kwargs = {**shared, **{k: v[i] for k, v in devices.items() if v[i] is not None}, **user_kwargs[i]}
-            kwargs["frames_per_batch"] = self.batch.frames_per_collector(n)
-            kwargs["split_trajs"] = False  # split on the driver, after stacking
+            kwargs = self._collector_kwargs(
+                dict(user_kwargs[i]), n, {k: v[i] for k, v in devices.items()}, scheme
+            )
             env = envs[i]
             if inputs.use_env_creator:
-                from torchrl.envs import EnvCreator
+                from torchrl.envs import EnvBase, EnvCreator
 
-                env = env if isinstance(env, EnvCreator) else EnvCreator(env)
+                env = env if isinstance(env, (EnvBase, EnvCreator)) else EnvCreator(env)
             recipe = CollectorRecipe(
                 env, inputs.policy, factories[i], inputs.collector_class, kwargs, inputs.num_envs
             )

@@ -10,7 +10,7 @@ import os
 
 import torch
 from tensordict import TensorDict
-from tensordict.nn import TensorDictModule
+from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
@@ -185,3 +185,26 @@ class SleepEnvMaker:
 
         env._step = _step
         return env
+
+
+class CountingPolicy(TensorDictModuleBase):
+    """Acts with its weight (1.0 at first), as the policy of TorchRL's distributed-collector tests.
+
+    Its action shows which weights a collector used: after ``weight.data += 1``
+    and an update, the new batches act with 2.
+    """
+
+    def __init__(self, weight: float = 1.0):
+        super().__init__()
+        self.weight = nn.Parameter(torch.tensor(weight))
+        self.in_keys = []
+        self.out_keys = ["action"]
+
+    def forward(self, tensordict):
+        tensordict.set("action", self.weight.expand(tensordict.shape).clone())
+        return tensordict
+
+
+def counting_policy_factory() -> CountingPolicy:
+    """Builds a :class:`CountingPolicy` on the worker (``policy_factory=``)."""
+    return CountingPolicy()

@@ -148,3 +148,20 @@ def test_private_cluster_default_size(sync):
         assert collector.num_collectors == os.cpu_count()
         assert len(collector.client.scheduler_info(n_workers=-1)["workers"]) == os.cpu_count()
         assert len(list(collector)) == 2
+
+
+def test_a_scheduler_file_that_never_appears_is_a_clear_error(tmp_path):
+    import time
+
+    import dask
+
+    from daskcollect import ClusterConnectionError, DaskCollector
+    from daskcollect.testing import make_cartpole
+
+    path = str(tmp_path / "scheduler.json")
+    start = time.monotonic()
+    with dask.config.set({"daskcollect.timeouts.connect": "2s"}):
+        with pytest.raises(ClusterConnectionError, match="scheduler.json") as info:
+            DaskCollector(make_cartpole, frames_per_batch=10, scheduler_file=path)
+    assert time.monotonic() - start < 15 and info.value.path == path
+    assert "dask scheduler --scheduler-file" in str(info.value)

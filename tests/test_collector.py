@@ -235,3 +235,28 @@ def test_num_workers_per_collector(client, layout):
         batches = list(collector)
     assert len(batches) == 2
     assert all(b.numel() == 80 for b in batches)
+
+
+def test_a_collector_left_open_at_interpreter_exit_raises_nothing(cluster, tmp_path):
+    """``__del__`` only warns, and at interpreter exit it stays silent (no AttributeError)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "left_open.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            from daskcollect import DaskCollector
+            from daskcollect.testing import make_cartpole
+
+            if __name__ == "__main__":
+                collector = DaskCollector(make_cartpole, frames_per_batch=50, total_frames=100,
+                                          num_collectors=1, client="{cluster.scheduler_address}")
+                print(sum(b.numel() for b in collector))
+            """
+        )
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "100", out.stderr[-3000:]
+    assert "__del__" not in out.stderr and "'NoneType' object" not in out.stderr, out.stderr[-3000:]

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import inspect
 import itertools
 
 import dask
 import pytest
+from conftest import collector_keywords
 
-from daskcollect import DaskCollector, NotEnoughWorkersError
+from daskcollect import NotEnoughWorkersError
 from daskcollect.engine import Engine
 from daskcollect.pool import Slot
 from daskcollect.settings import Settings
 from daskcollect.spec import CollectionSpec
-from daskcollect.testing import make_cartpole
 from daskcollect.weights.router import WeightRouter
 
 _uids = itertools.count()
@@ -79,11 +78,7 @@ class NoTransport:
 
 
 def keywords(**overrides) -> dict:
-    params = inspect.signature(DaskCollector.__init__).parameters
-    kw = {n: p.default for n, p in params.items() if n not in ("self", "ray_only")}
-    kw.update(create_env_fn=make_cartpole, policy=None, frames_per_batch=10, ray_only={})
-    kw.update(overrides)
-    return kw
+    return collector_keywords(**overrides)
 
 
 def engine(workers: list[str], n: int | None, **overrides) -> tuple[Engine, FakePool]:

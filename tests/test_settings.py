@@ -38,6 +38,13 @@ def test_a_bad_value_names_its_key(key, value):
     assert named in str(info.value) and info.value.key.startswith(named)
 
 
+def test_environment_variables_with_underscores_are_read():
+    """DASK_DASKCOLLECT__ASYNC_DEPTH=1 spells the key with "_", as dask.config allows."""
+    with dask.config.set({"daskcollect.async_depth": 3, "daskcollect.timeouts.actor_start": "5s"}):
+        settings = Settings.load()
+    assert settings.async_depth == 3 and settings.timeouts.actor_start == 5.0
+
+
 def test_a_collector_rejects_bad_settings_before_touching_a_cluster():
     with dask.config.set({"daskcollect.driver.torch-threads": "many"}):
         with pytest.raises(ConfigurationError, match="daskcollect.driver.torch-threads"):

@@ -170,3 +170,47 @@ def test_actor_fetches_weights_it_was_not_sent(client):
         start = time.monotonic()
         assert per_collector(next(it)) == [{1}]
         assert time.monotonic() - start < 10
+
+
+def test_weights_of_the_wrong_shape_are_refused_on_the_driver(client):
+    from daskcollect.testing import CountingPolicy
+
+    policy, collector = probe(client, num_collectors=1)
+    with collector:
+        wrong = TensorDict.from_module(CountingPolicy())
+        with pytest.raises(ConfigurationError, match="do not fit the policy") as info:
+            collector.update_policy_weights_(wrong)
+        assert "Nothing was sent" in str(info.value) and info.value.missing
+        assert collector.policy_version == 0
+        bigger = TensorDict.from_module(policy).apply(lambda t: torch.zeros(t.shape[0] + 1, *t.shape[1:]))
+        with pytest.raises(ConfigurationError, match="instead of"):
+            collector.update_policy_weights_(bigger)
+
+
+def test_async_rollouts_starting_after_an_update_use_it(client):
+    """Calls queued before an update start on the new weights: only a rollout already running is stale.
+
+    Collector 1 steps four times slower than collector 0, so that when the first batch (collector 0's)
+    is yielded and the update sent, each collector has exactly one rollout running and one queued.
+    """
+    from daskcollect.testing import SleepEnvMaker
+
+    policy = constant_action_policy(0)
+    collector = DaskCollector([SleepEnvMaker(0.005), SleepEnvMaker(0.02)], policy, frames_per_batch=40,
+                              total_frames=-1, track_policy_version=True, client=client)  # fmt: skip
+    with collector:
+        it = iter(collector)
+        first = next(it)
+        assert first["policy_version"].unique().tolist() == [0]
+        set_constant_action(policy, 1)
+        collector.update_policy_weights_()
+        versions: dict[int, list[int]] = {}
+        for _ in range(8):
+            batch = next(it)
+            cid = int(batch["collector", "collector_id"][0])
+            (version,) = batch["policy_version"].unique().tolist()
+            versions.setdefault(cid, []).append(version)
+            assert set(actions(batch).unique().tolist()) == {version}
+    for cid, seen in versions.items():
+        assert seen.count(0) <= 1 and seen == sorted(seen), (cid, seen)  # the running rollout only
+        assert seen[-1] == 1

@@ -10,10 +10,12 @@ collector are kept, so that a replacement starts from them.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Protocol
 
 from tensordict import TensorDictBase
 
+from daskcollect.errors import ConfigurationError
 from daskcollect.weights.payload import Sent
 from daskcollect.weights.scatter import ScatterTransport
 from daskcollect.weights.shm import Probe, SharedMemoryTransport
@@ -27,17 +29,38 @@ class Target(Protocol):
     on_driver_host: bool
 
 
+def _schema(weights: TensorDictBase) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Each weight's dotted key, shape and dtype."""
+    flat = weights.flatten_keys(".")
+    return {
+        str(k): (tuple(t.shape), str(t.dtype).replace("torch.", ""))
+        for k, t in flat.items(leaves_only=True)
+        if hasattr(t, "shape")
+    }
+
+
 class WeightRouter:
     """Sends weights through the right transport and tracks what each collector has.
 
     Args:
         scatter: The Dask transport (always available).
         shm: The shared-memory transport, or ``None`` where it is off.
+        reference: Weights of the driver's policy: every update must have
+            their keys, shapes and dtypes. Without it, the first update sets them.
     """
 
-    def __init__(self, scatter: ScatterTransport, shm: SharedMemoryTransport | None):
+    def __init__(
+        self,
+        scatter: ScatterTransport,
+        shm: SharedMemoryTransport | None,
+        reference: TensorDictBase | None = None,
+    ):
         self._scatter = scatter
         self._shm = shm
+        self._schema = _schema(reference) if reference is not None else None
+        # The last versions stay alive a little longer than the collectors' own: an actor
+        # told of a version may read it just as the next one is published.
+        self._recent: deque[Sent] = deque(maxlen=2)
         self.version = 0
         self._pending: dict[int, Sent] = {}
         self._latest: dict[int, Sent] = {}
@@ -50,7 +73,13 @@ class WeightRouter:
         return self._shm.probe if self._shm is not None else None
 
     def publish(self, weights: TensorDictBase, targets: list[Target]) -> int:
-        """Sends ``weights`` as a new version to ``targets``; returns that version."""
+        """Sends ``weights`` as a new version to ``targets``; returns that version.
+
+        Raises:
+            ConfigurationError: Before anything is sent, if the keys, shapes or
+                dtypes differ from the policy's, naming the first that differ.
+        """
+        self._check(weights)
         self.version += 1
         self._send(weights, self.version, targets)
         return self.version
@@ -74,6 +103,7 @@ class WeightRouter:
         if remote:
             routes.append((self._scatter.send(weights, version, [t.address for t in remote]), remote))
         for sent, group in routes:
+            self._recent.append(sent)
             if self._newest is None or version >= self._newest.version:
                 self._newest = sent
             for target in group:
@@ -87,6 +117,31 @@ class WeightRouter:
         that does not host the collector).
         """
         self._pending[index] = self._latest[index] = sent
+
+    def _check(self, weights: TensorDictBase) -> None:
+        schema = _schema(weights)
+        if self._schema is None:
+            self._schema = schema
+            return
+        if schema == self._schema:
+            return
+        missing = [k for k in self._schema if k not in schema]
+        extra = [k for k in schema if k not in self._schema]
+        changed = [
+            f"{k}: {schema[k][0]} {schema[k][1]} instead of {self._schema[k][0]} {self._schema[k][1]}"
+            for k in schema
+            if k in self._schema and schema[k] != self._schema[k]
+        ]
+        parts = [
+            f"{what} {items[:3]}" for what, items in (("missing", missing), ("unexpected", extra)) if items
+        ]
+        parts += changed[:3]
+        raise ConfigurationError(
+            f"These weights do not fit the policy: {'; '.join(parts)}. Nothing was sent. Pass the "
+            "weights of the same policy architecture, e.g. TensorDict.from_module(policy).",
+            missing=missing,
+            unexpected=extra,
+        )
 
     def pending(self, index: int) -> Sent | None:
         """The weights collector ``index`` has not loaded yet (its next call carries them)."""
@@ -113,6 +168,7 @@ class WeightRouter:
         self._pending.clear()
         self._latest.clear()
         self._newest = None
+        self._recent.clear()
         self._scatter.close()
         if self._shm is not None:
             self._shm.close()

@@ -9,6 +9,7 @@ trajectory ids are unique across the whole collection.
 from __future__ import annotations
 
 import gc
+import inspect
 import time
 import traceback
 from typing import Any
@@ -17,6 +18,7 @@ import cloudpickle
 import numpy as np
 import torch
 from distributed import get_worker
+from distributed.utils import sync
 from tensordict import TensorDictBase
 
 from daskcollect.errors import RolloutError, SharedFilesystemError
@@ -44,6 +46,7 @@ class CollectorActor:
         self.rollouts = 0
         self._recipe = cloudpickle.loads(recipe)
         self._weights: TensorDictBase | None = None  # the last weights loaded, kept for rebuilds
+        self._offered: WeightsRef | None = None  # the newest weights the driver announced
         self._shared = spec.shared_memory is not None and spec.shared_memory.matches()
         self._build()
         if spec.seed is not None:
@@ -58,6 +61,22 @@ class CollectorActor:
     def shares_driver_memory(self) -> bool:
         """Whether this worker reads weights from the driver's shared memory."""
         return self._shared
+
+    async def offer_weights(self, ref: WeightsRef) -> None:
+        """Announces newer weights; the next rollout to start loads them.
+
+        An ``async`` method: it runs on the worker's event loop at once, even
+        while a rollout runs in the actor thread, so calls queued before an
+        update still start on the new weights.
+        """
+        if self._offered is None or ref.version > self._offered.version:
+            self._offered = ref
+
+    def _newest(self, carried: WeightsRef | None) -> WeightsRef | None:
+        """The newest of the weights a call carries and those announced since."""
+        offered = self._offered
+        refs = [r for r in (carried, offered) if r is not None and r.version > self.policy_version]
+        return max(refs, key=lambda r: r.version, default=None)
 
     def _load(self, ref: WeightsRef) -> None:
         weights = ref.read(self._worker, self.spec.weights_timeout)
@@ -84,7 +103,7 @@ class CollectorActor:
 
     # --- rollouts ----------------------------------------------------------
     def rollout(self, weights: WeightsRef | None = None) -> Rollout:
-        """Collects one batch, after loading ``weights`` if they are newer.
+        """Collects one batch, after loading the newest weights: ``weights``, or newer ones announced.
 
         Raises:
             RolloutError: With the worker, the collector index and the original
@@ -92,8 +111,9 @@ class CollectorActor:
         """
         start, cpu0 = time.perf_counter(), time.thread_time()
         try:
-            if weights is not None and weights.version != self.policy_version:
-                self._load(weights)
+            newest = self._newest(weights)
+            if newest is not None:
+                self._load(newest)
             batch = next(self._iterator)
         except Exception as exc:
             if not self.spec.restart_env_on_error:
@@ -106,6 +126,9 @@ class CollectorActor:
             return self._record(start, cpu0, error=self._rebuild_after(exc))
         batch = self._label(batch)
         frames, batch_size = batch.numel(), batch.batch_size
+        if self.spec.replay_buffer is not None:
+            self._extend_buffer(batch)
+            return self._record(start, cpu0, batch_size=batch_size, frames=frames)
         if self.spec.memmap_root is None:
             return self._record(start, cpu0, batch=batch, batch_size=batch_size, frames=frames)
         path = self._write(batch)
@@ -127,6 +150,16 @@ class CollectorActor:
         if self.spec.track_policy_version:
             batch.set("policy_version", torch.full(batch.shape, self.policy_version, dtype=torch.int64))
         return batch
+
+    def _extend_buffer(self, batch: TensorDictBase) -> None:
+        """Extends the cluster's replay buffer from here: the frames never reach the driver."""
+        call = self.spec.replay_buffer.extend(batch)
+        timeout = self.spec.weights_timeout
+        if inspect.isawaitable(call) and not hasattr(call, "result"):
+            # The buffer's actor is on this worker: Dask hands its coroutine over directly.
+            sync(self._worker.loop, lambda: call, callback_timeout=timeout)
+        else:
+            call.result(timeout=timeout)
 
     def _write(self, batch: TensorDictBase) -> str:
         root = self.spec.memmap_root

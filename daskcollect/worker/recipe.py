@@ -7,6 +7,8 @@ reach workers that never saw the script.
 
 from __future__ import annotations
 
+import copy
+import functools
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -49,6 +51,13 @@ class _Guarded:
                 "worker_env= sets variables before it runs).",
                 original=repr(exc),
             ) from exc
+
+
+def _factory(env: Any) -> Callable:
+    """A constructor for ``ParallelEnv``: an env instance is copied into each sub-process."""
+    from torchrl.envs import EnvBase
+
+    return functools.partial(copy.deepcopy, env) if isinstance(env, EnvBase) else env
 
 
 @dataclass(frozen=True)
@@ -100,9 +109,13 @@ class CollectorRecipe:
             A TorchRL collector with ``total_frames=-1``.
         """
         from torchrl.collectors import Collector
-        from torchrl.envs import ParallelEnv
+        from torchrl.envs import EnvBase, ParallelEnv
 
-        env_fn = _Guarded(self.create_env_fn, EnvConstructionError, "env constructor", where)
+        if isinstance(self.create_env_fn, EnvBase):
+            # An instance arrives as the driver pickled it (transform statistics included).
+            env_fn: Any = self.create_env_fn
+        else:
+            env_fn = _Guarded(self.create_env_fn, EnvConstructionError, "env constructor", where)
         kwargs = dict(self.collector_kwargs)
         kwargs["total_frames"] = -1
         if self.policy is not None:
@@ -112,7 +125,7 @@ class CollectorRecipe:
                 self.policy_factory, PolicyFactoryError, "policy_factory", where
             )
         if issubclass(self.collector_class, Collector):
-            env_arg: Any = env_fn if self.num_envs == 1 else ParallelEnv(self.num_envs, env_fn)
+            env_arg: Any = env_fn if self.num_envs == 1 else ParallelEnv(self.num_envs, _factory(env_fn))
         else:
             env_arg = [env_fn] * self.num_envs
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from tensordict import TensorDictBase
@@ -28,8 +29,11 @@ class ActorSpec:
         seed: Seed the envs with it once built (replacement collectors).
         shared_memory: The driver's shared-memory probe: an actor that reads it
             gets its weights from the driver's shared memory.
-        weights_timeout: Bound, in seconds, on fetching weights from a peer.
+        weights_timeout: Bound, in seconds, on fetching weights from a peer
+            (and on extending ``replay_buffer``).
         gc_freeze: ``gc.freeze()`` once the collector is built.
+        replay_buffer: The actor of a :class:`~daskcollect.DaskReplayBuffer`:
+            each rollout extends it from here, and only its record goes back.
     """
 
     index: int
@@ -41,6 +45,7 @@ class ActorSpec:
     shared_memory: Probe | None = None
     weights_timeout: float = 60.0
     gc_freeze: bool = True
+    replay_buffer: Any = None
 
 
 @dataclass(frozen=True)
