@@ -100,10 +100,16 @@ class Engine:
             router = WeightRouter(ScatterTransport(client, settings.timeouts.weights), shm, reference)
         self.router = router
         template = ActorSpec(
-            0, 0, spec.weights.track_policy_version, self.ledger.root if self.ledger else None,
-            spec.faults.on_env_error == "restart", None, router.probe,
-            settings.timeouts.weights, settings.worker.gc_freeze, getattr(spec.output.replay_buffer, "actor", None),
-        )  # fmt: skip
+            index=0,
+            uid=0,
+            track_policy_version=spec.weights.track_policy_version,
+            memmap_root=self.ledger.root if self.ledger else None,
+            restart_env_on_error=spec.faults.on_env_error == "restart",
+            shared_memory=router.probe,
+            weights_timeout=settings.timeouts.weights,
+            gc_freeze=settings.worker.gc_freeze,
+            replay_buffer=getattr(spec.output.replay_buffer, "actor", None),
+        )
         self.pool = pool or ActorPool(client, settings, template, spec.cluster.worker_resources)
         self.watcher = watcher or RetirementWatcher(client, self.pool, settings.timeouts.call)
 
