@@ -237,12 +237,12 @@ class ActorPool:
             for (index, recipe, address), uid in zip(todo, uids)
         ]
         try:
-            slots = self._collect_built(todo, uids, futures, lost)
+            slots, left = self._collect_built(todo, uids, futures)
         except BaseException:
             self.client.cancel(futures)
             raise
         self._find_driver_host(slots)
-        return slots, lost
+        return slots, lost + left
 
     def _send_recipes(self, todo: list[tuple[int, bytes, str]]) -> dict[bytes, Future]:
         """Sends each distinct recipe once; the other targets fetch it from there when they build."""
@@ -257,9 +257,13 @@ class ActorPool:
         }
 
     def _collect_built(
-        self, todo: list, uids: list[int], futures: list[Future], lost: list[int]
-    ) -> list[Slot]:
-        """Waits (bounded) for the actors; sorts them into built, lost (worker left) and too slow."""
+        self, todo: list, uids: list[int], futures: list[Future]
+    ) -> tuple[list[Slot], list[int]]:
+        """Waits (bounded) for the actors: the slots built, and the indices whose worker left.
+
+        Raises:
+            CollectorTimeoutError: For actors neither built nor lost in time.
+        """
         timeout = self.settings.timeouts.actor_start
         try:
             with self.client.as_current():
@@ -267,7 +271,7 @@ class ActorPool:
         except (TimeoutError, FuturesCancelledError):
             pass  # sorted out below, future by future
         alive = self.live_workers()
-        slots, late = [], []
+        slots, lost, late = [], [], []
         for (index, recipe, address), uid, future in zip(todo, uids, futures):
             if future.status == "error":
                 exc = future.exception()
@@ -294,7 +298,7 @@ class ActorPool:
                 "constructor, or raise daskcollect.timeouts.actor-start.",
                 indices=late,
             )
-        return slots
+        return slots, lost
 
     def _find_driver_host(self, slots: list[Slot]) -> None:
         """Marks the slots whose worker reads the driver's shared memory (asked once, bounded)."""
