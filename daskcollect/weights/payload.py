@@ -62,6 +62,11 @@ class WeightsPayload:
             weights = weights.copy()  # consolidate() returns a consolidated TensorDict as it is
         return cls(version, weights.consolidate(filename=filename))
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the weights' tensors (the consolidated storage, less its padding)."""
+        return self.weights.bytes()
+
 
 class WeightsRef(Protocol):
     """What a rollout call carries to a worker: a weights version and how to read it there."""
