@@ -5,9 +5,10 @@ Examples:
     daskcollect run --env Pendulum-v1 --collectors 4 --frames 100000 --sync
     daskcollect run --env CartPole-v1 --scheduler tcp://127.0.0.1:8786 --frames 50000
     daskcollect run --env CartPole-v1 --worker-env OMP_NUM_THREADS=1 --frames 10000
-    daskcollect run --env CartPole-v1 --memmap-dir /shared/rollouts --frames 50000
+    daskcollect run --env CartPole-v1 --memmap-dir rollouts --frames 50000
 
 Exit codes: 0 done, 1 error (one line on stderr), 2 bad arguments, 130 interrupted.
+Set DASKCOLLECT_DEBUG=1 to see an error's traceback too.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import argparse
 import os
 import sys
 import time
-import warnings
+import traceback
+from pathlib import Path
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -87,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="D",
         help="workers write rollouts as memory maps under D (a folder every worker and this "
-        "machine can reach); the batches are counted and released",
+        "machine can reach; created if its parent exists); the batches are counted and released",
     )
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
@@ -104,14 +106,48 @@ def _check_env_id(env_id: str) -> None:
         ) from None
 
 
+def prepare_memmap_dir(path: str) -> bool:
+    """Checks that ``path`` is a writable folder, creating it if only it is missing.
+
+    Returns:
+        Whether the folder was created.
+
+    Raises:
+        ConfigurationError: If ``path`` is a file, its parent is missing, or it
+            cannot be written.
+    """
+    from daskcollect.errors import ConfigurationError
+
+    folder = Path(path).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ConfigurationError(f"--memmap-dir {path} is a file, not a folder. Pass a folder.")
+    created = False
+    if not folder.exists():
+        if not folder.parent.is_dir():
+            raise ConfigurationError(
+                f"--memmap-dir {path}: its parent {folder.parent} is not a folder. Create the parent "
+                "first, on a filesystem that every worker reaches, or pass an existing folder."
+            )
+        try:
+            folder.mkdir()
+        except OSError as exc:
+            raise ConfigurationError(f"cannot create --memmap-dir {path}: {exc.strerror}.") from None
+        created = True
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigurationError(f"--memmap-dir {path} is not writable here. Pass a folder you can write.")
+    return created
+
+
 def run(args: argparse.Namespace) -> int:
+    _check_env_id(args.env)
+    if args.memmap_dir and prepare_memmap_dir(args.memmap_dir):
+        print(f"daskcollect: created {Path(args.memmap_dir).expanduser().resolve()}")
+    # torch and TorchRL load here, not for --help or a bad argument.
     from tqdm import tqdm
 
     from daskcollect import DaskCollector
+    from daskcollect.monitoring.dashboard import PATH as MONITOR_PATH
 
-    _check_env_id(args.env)
-    if args.memmap_dir:
-        os.makedirs(args.memmap_dir, exist_ok=True)
     start = time.perf_counter()
     collector = DaskCollector(
         GymEnvMaker(args.env),
@@ -128,7 +164,8 @@ def run(args: argparse.Namespace) -> int:
     with collector:
         ready = time.perf_counter()
         print(f"daskcollect: {collector.num_collectors} collectors on {len(set(collector.workers))} workers")
-        print(f"dashboard:   {collector.dashboard_link or 'not available (install bokeh)'}")
+        links = _links(collector.dashboard_link, MONITOR_PATH)
+        print("\n".join(f"{name + ':':<12} {link}" for name, link in links))
         bar = tqdm(total=args.frames, unit="frames", unit_scale=True, disable=args.no_progress, smoothing=0.1)
         frames = batches = 0
         for batch in collector:
@@ -156,26 +193,37 @@ def run(args: argparse.Namespace) -> int:
         ("restarts", stats["restarts"]),
         ("frames lost", stats["frames_lost"]),
         ("output", f"memmap in {args.memmap_dir}" if args.memmap_dir else "tensordict"),
+        *links,
     ]
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
     return EXIT_OK
 
 
+def _links(dashboard: str | None, monitor_path: str) -> list[tuple[str, str]]:
+    """The dashboard's link and the collectors' page link (or why there is none)."""
+    if not dashboard:
+        return [("dashboard", "not available (install bokeh)")]
+    base = dashboard.rsplit("/", 1)[0] if dashboard.endswith("/status") else dashboard.rstrip("/")
+    return [("dashboard", dashboard), ("collectors", base + monitor_path)]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``daskcollect`` console script."""
-    from daskcollect.errors import DaskCollectError
-
-    warnings.filterwarnings("ignore", category=FutureWarning)
     args = build_parser().parse_args(argv)
     try:
         return run(args)
     except KeyboardInterrupt:
         print("daskcollect: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (DaskCollectError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0]
-        print(f"daskcollect: error: {first}", file=sys.stderr)
+    except Exception as exc:  # the promise: any failure is one line and exit code 1
+        from daskcollect.errors import DaskCollectError
+
+        lines = str(exc).strip().splitlines() or [""]
+        name = "" if isinstance(exc, (DaskCollectError, ValueError)) else f"{type(exc).__name__}: "
+        print(f"daskcollect: error: {name}{lines[0]}", file=sys.stderr)
+        if os.environ.get("DASKCOLLECT_DEBUG"):
+            traceback.print_exc()
         return EXIT_ERROR
 
 

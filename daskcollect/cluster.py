@@ -20,8 +20,10 @@ import dask.config
 from distributed import Client, LocalCluster
 
 from daskcollect.errors import ClusterConnectionError, NotEnoughWorkersError
+from daskcollect.main_guard import check_main_guard
 from daskcollect.options import ClusterOptions
 from daskcollect.polling import poll_until
+from daskcollect.py_modules import ship
 from daskcollect.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -70,6 +72,7 @@ def connect(options: ClusterOptions, n_workers: int, settings: Settings) -> Clus
     timeout = settings.timeouts.connect
     target = options.client
     if target is None and options.scheduler_file is None:
+        check_main_guard()
         # The nanny hands the current dask.config to the worker processes.
         with dask.config.set(settings.local_cluster_config):
             cluster = _local_cluster(options, n_workers, settings)
@@ -78,8 +81,16 @@ def connect(options: ClusterOptions, n_workers: int, settings: Settings) -> Clus
         except BaseException:
             cluster.close()
             raise
-        return ClusterHandle(client, cluster)
-    return _connect_existing(options, timeout)
+        handle = ClusterHandle(client, cluster)
+    else:
+        handle = _connect_existing(options, timeout)
+    if options.py_modules:
+        try:
+            ship(handle.client, options.py_modules)
+        except BaseException:
+            handle.close(timeout)
+            raise
+    return handle
 
 
 def _local_cluster(options: ClusterOptions, n_workers: int, settings: Settings) -> LocalCluster:

@@ -106,6 +106,11 @@ class DaskCollector(BaseCollector):
             before any env or policy is built.
         worker_resources: Resources a worker must declare to host a
             collector, e.g. ``{"GPU": 1}``.
+        py_modules: Your own modules that the env constructor or policy
+            comes from, for workers that do not have them (Ray's
+            ``runtime_env`` ``py_modules``): modules, module names, or paths
+            of ``.py`` files or package folders. Each is uploaded with Dask's
+            ``UploadFile`` plugin to every worker, and to workers that join.
         seed: If given, ``set_seed(seed)`` runs once the collectors exist.
         security: A ``distributed.security.Security`` for TLS clusters.
         trust_policy: As in ``RayCollector``.
@@ -169,6 +174,7 @@ class DaskCollector(BaseCollector):
         scheduler_file: str | None = None,
         worker_env: dict[str, str] | None = None,
         worker_resources: dict[str, float] | None = None,
+        py_modules: Sequence[Any] | None = None,
         seed: int | None = None,
         security: Any = None,
         trust_policy: bool | None = None,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from daskcollect.errors import ConfigurationError
+from daskcollect.py_modules import resolve
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,8 @@ class ClusterOptions:
         worker_resources: Resources a worker must declare to host a collector.
         security: A ``distributed.security.Security`` for TLS clusters; taken
             from ``client`` when one is given.
+        py_modules: The user's modules to upload to every worker
+            (:mod:`daskcollect.py_modules`).
     """
 
     client: Any = None
@@ -111,6 +114,7 @@ class ClusterOptions:
     worker_env: Mapping[str, str] = field(default_factory=dict)
     worker_resources: Mapping[str, float] | None = None
     security: Any = None
+    py_modules: Any = ()
 
     def __post_init__(self):
         if self.client is not None and self.scheduler_file is not None:
@@ -124,6 +128,8 @@ class ClusterOptions:
                 'Convert values to strings, e.g. worker_env={"OMP_NUM_THREADS": "1"}.'
             )
         object.__setattr__(self, "worker_env", dict(env))
+        # Found here, before any cluster starts: a wrong name fails at once.
+        object.__setattr__(self, "py_modules", tuple(resolve(self.py_modules)) if self.py_modules else ())
         res = self.worker_resources
         if res is not None and (
             not isinstance(res, Mapping)

@@ -32,6 +32,7 @@ from distributed.client import FuturesCancelledError
 
 from daskcollect.cluster import eligible_workers, live_workers
 from daskcollect.errors import CollectorBuildError, CollectorTimeoutError, DaskCollectError, RolloutError
+from daskcollect.py_modules import missing_module_hint
 from daskcollect.settings import Settings
 from daskcollect.weights.payload import Sent
 from daskcollect.worker.actor import CollectorActor
@@ -277,6 +278,11 @@ class ActorPool:
                 exc = future.exception()
                 if isinstance(exc, DaskCollectError):
                     raise exc  # ours, raised on the worker: it names the cause already
+                hint = missing_module_hint(exc)
+                if hint:
+                    raise CollectorBuildError(
+                        f"A collector could not be started on {address}. {hint}"
+                    ) from exc
                 raise CollectorBuildError(
                     f"A collector could not be started on {address}: {type(exc).__name__}: "
                     f"{exc}. Check that daskcollect, torch and torchrl are installed on the "

@@ -8,6 +8,7 @@ and the fix. The spec then builds one cloudpickled
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -47,6 +48,23 @@ def per_collector(value: Any, name: str, n: int) -> list:
             )
         return list(value)
     return [value] * n
+
+
+def _accepts(cls: type, keyword: str) -> bool:
+    """Whether ``cls(...)`` takes ``keyword`` by name (following ``**kwargs`` up to the parents)."""
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            params = inspect.signature(init).parameters
+        except (TypeError, ValueError):
+            return False
+        if keyword in params:
+            return True
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return False
+    return False
 
 
 def resolve_collector_class(collector_class: Any) -> type:
@@ -155,7 +173,12 @@ class CollectionSpec:
             kw["update_after_each_batch"], kw["max_weight_update_interval"], bool(kw["track_policy_version"])
         )
         cluster = ClusterOptions(
-            kw["client"], kw["scheduler_file"], kw["worker_env"] or {}, kw["worker_resources"], kw["security"]
+            kw["client"],
+            kw["scheduler_file"],
+            kw["worker_env"] or {},
+            kw["worker_resources"],
+            kw["security"],
+            kw["py_modules"] or (),
         )
         max_unreleased = kw["max_unreleased"]
         output = OutputOptions(
@@ -238,6 +261,12 @@ class CollectionSpec:
         for key in DEFAULTING:
             if inputs.passed[key] is not None:
                 kwargs.setdefault(key, inputs.passed[key])
+        if _accepts(inputs.collector_class, "auto_register_policy_transforms"):
+            # TorchRL 0.14 warns (FutureWarning, per collector) that it will add InitTracker
+            # to the env of any module policy in 0.15. We keep the env as the user built it,
+            # 0.14's behaviour, and say so: pass True in collector_kwargs to have TorchRL
+            # append the transforms a recurrent policy needs.
+            kwargs.setdefault("auto_register_policy_transforms", False)
         kwargs.update({key: inputs.passed[key] for key in OVERRIDING})
         kwargs.update(devices)
         kwargs["init_random_frames"] = max(0, int(inputs.init_random_frames or 0)) // n

@@ -13,6 +13,8 @@ collector to a free worker or waits for the replacement job.
 from __future__ import annotations
 
 import argparse
+import shutil
+import sys
 
 from dask_jobqueue import PBSCluster
 from distributed import Client
@@ -49,6 +51,10 @@ def make_env():
 if __name__ == "__main__":
     args = parser.parse_args()
     cluster = build_cluster(args.queue, args.interface)
+    print(cluster.job_script())
+    if shutil.which("qsub") is None:  # off a PBS login node: stop before scale() tries to submit
+        cluster.close()
+        sys.exit("pbs.py: qsub is not on PATH. Run this on a PBS login node; above is the job script.")
     cluster.scale(jobs=args.jobs)
     with Client(cluster) as client:
         client.wait_for_workers(args.jobs, timeout=600)  # jobs wait in the queue first

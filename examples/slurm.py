@@ -16,6 +16,8 @@ On a login node whose public interface you may not bind, pass --interface
 from __future__ import annotations
 
 import argparse
+import shutil
+import sys
 
 from dask_jobqueue import SLURMCluster
 from distributed import Client
@@ -41,8 +43,7 @@ def build_cluster(partition=None, account=None, interface="lo", walltime="01:00:
         processes=1,
         memory="4GB",
         walltime=walltime,
-        interface=interface,
-        job_extra_directives=["--cpus-per-task=1"],
+        interface=interface,  # cores=1 already asks SLURM for --cpus-per-task=1
         job_script_prologue=[
             "export OMP_NUM_THREADS=1",
             # Collectors that start sub-processes (ParallelEnv) need non-daemonic workers.
@@ -67,6 +68,9 @@ if __name__ == "__main__":
     args = parser.parse_args()
     cluster = build_cluster(args.partition, args.account, args.interface)
     print(cluster.job_script())
+    if shutil.which("sbatch") is None:  # off a SLURM login node: stop before adapt() tries to submit
+        cluster.close()
+        sys.exit("slurm.py: sbatch is not on PATH. Run this on a SLURM login node; above is the job script.")
     cluster.adapt(minimum_jobs=args.min_jobs, maximum_jobs=args.max_jobs)
     with (
         Client(cluster) as client,

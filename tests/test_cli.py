@@ -66,6 +66,7 @@ def test_console_script_main_job():
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "dashboard:   http://127.0.0.1:" in out.stdout
+    assert out.stdout.count("/daskcollect") == 2  # the collectors' page, at the start and the end
     assert "frames/s" in out.stderr  # tqdm draws on stderr
     assert "frames          4000" in out.stdout
     assert "--help" not in out.stderr
@@ -84,4 +85,34 @@ def test_memmap_dir_and_scheduler_file(cluster, tmp_path, capsys):
     assert code == EXIT_OK, captured.err
     assert "frames          2000" in out and f"memmap in {out_dir}" in out
     assert "restarts        0" in out
+    assert f"daskcollect: created {out_dir}" in out  # a missing folder whose parent exists
     assert os.path.isdir(out_dir) and not os.listdir(out_dir)  # every batch released, folders gone
+
+
+@pytest.mark.parametrize("where", ["under-a-file", "missing-parent", "a-file"])
+def test_unusable_memmap_dir_is_one_line(tmp_path, capsys, where):
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    path = {
+        "under-a-file": a_file / "rollouts",
+        "missing-parent": tmp_path / "no" / "rollouts",
+        "a-file": a_file,
+    }[where]
+    code = main(["run", "--env", "CartPole-v1", "--memmap-dir", str(path), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == EXIT_ERROR
+    assert len(err) == 1 and err[0].startswith("daskcollect: error: --memmap-dir"), err
+    assert not (tmp_path / "no").exists()
+
+
+def test_help_does_not_import_torch():
+    """--help answers without loading torch (its time is in benchmarks/startup.py)."""
+    code = (
+        "import sys\n"
+        "from daskcollect.cli import main\n"
+        "try:\n    main(['run', '--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+        "print('torch' in sys.modules, 'distributed' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False False"

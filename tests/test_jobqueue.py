@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import subprocess
+import sys
 import time
 
 import dask
@@ -34,6 +37,8 @@ def test_slurm_job_script():
     for line in ["#SBATCH -p rl", "#SBATCH -A proj42", "#SBATCH -t 01:00:00", "#SBATCH --cpus-per-task=1",
                  "export OMP_NUM_THREADS=1", "export DASK_DISTRIBUTED__WORKER__DAEMON=False"]:  # fmt: skip
         assert line in script.splitlines(), line
+    directives = [line for line in script.splitlines() if line.startswith("#SBATCH")]
+    assert len(directives) == len(set(directives)), directives  # none twice
     command = script.strip().splitlines()[-1]
     for option in ["--nthreads 1", "--resources collector=1", "--lifetime 55m", "--interface lo", "--nanny"]:
         assert option in command, option
@@ -52,6 +57,24 @@ def test_pbs_job_script():
         and "--nthreads 1" in script
         and "--resources collector=1" in script
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "submit", "directive"), [("slurm", "sbatch", "#SBATCH"), ("pbs", "qsub", "#PBS")]
+)
+def test_hpc_example_off_a_cluster_fails_fast(name, submit, directive):
+    """Without the scheduler's submit command: the job script, one line naming what is missing, exit 1."""
+    if shutil.which(submit) is not None:
+        pytest.skip(f"{submit} is installed here")
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", f"{name}.py")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert directive in out.stdout  # the job script it would submit
+    assert out.stderr.strip().splitlines() == [
+        f"{name}.py: {submit} is not on PATH. Run this on a {name.upper()} login node; above is the job script."
+    ]
 
 
 def wait_until(condition, timeout: float, what: str) -> None:

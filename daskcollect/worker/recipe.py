@@ -22,6 +22,7 @@ from daskcollect.errors import (
     PolicyFactoryError,
     PolicySerializationError,
 )
+from daskcollect.py_modules import missing_module_hint
 
 
 def describe(obj: Any) -> str:
@@ -43,12 +44,14 @@ class _Guarded:
         try:
             return self.fn(*args, **kwargs)
         except Exception as exc:
+            fix = missing_module_hint(exc) or (
+                f"Fix the {self.what} so that it runs on the worker (imports, files and "
+                "environment variables must exist there; worker_env= sets variables before it runs)."
+            )
             raise self.error(
                 f"{self.where}: the {self.what} {describe(self.fn)} raised "
                 f"{type(exc).__name__}: {exc}\n\nOriginal traceback (on the worker):\n"
-                f"{traceback.format_exc()}\nFix the {self.what} so that it runs on the "
-                "worker (imports, files and environment variables must exist there; "
-                "worker_env= sets variables before it runs).",
+                f"{traceback.format_exc()}\n{fix}",
                 original=repr(exc),
             ) from exc
 
