@@ -19,8 +19,8 @@ demo: install
 	$(VENV)/bin/daskcollect run --env CartPole-v1 --collectors 2 --frames 20000
 
 lint: install
-	$(VENV)/bin/ruff check daskcollect tests benchmarks examples
-	$(VENV)/bin/ruff format --check daskcollect tests benchmarks examples
+	$(VENV)/bin/ruff check daskcollect tests benchmarks examples conftest.py
+	$(VENV)/bin/ruff format --check daskcollect tests benchmarks examples conftest.py
 
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -d site
@@ -39,6 +39,7 @@ bench: install
 	$(PY) benchmarks/startup.py --workers 4 --pairs 3
 	$(PY) benchmarks/lag.py --batches 300
 	$(PY) benchmarks/replay_buffer.py --frames 4000 --pairs 3
+	$(PY) benchmarks/cold_start.py --repeats 3
 	$(PY) benchmarks/report.py
 
 # Every benchmark with tiny budgets, into a scratch folder: they keep working (CI runs this).
@@ -53,6 +54,7 @@ bench-smoke: install
 	$(PY) benchmarks/startup.py --workers 2 --pairs 1 --frames-per-batch 100 --out $(SMOKE)/p6.json
 	$(PY) benchmarks/lag.py --batches 20 --frames-per-batch 50 --out $(SMOKE)/lag.json
 	$(PY) benchmarks/replay_buffer.py --frames 400 --frames-per-batch 100 --pairs 1 --out $(SMOKE)/rb.json
+	$(PY) benchmarks/cold_start.py --repeats 1 --frames 2000 --out $(SMOKE)/cold.json
 	cp docs/benchmarks.md $(SMOKE)/benchmarks.md
 	$(PY) benchmarks/report.py --doc $(SMOKE)/benchmarks.md --png $(SMOKE)/benchmarks.png
 	rm -rf $(SMOKE)

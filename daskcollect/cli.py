@@ -142,52 +142,79 @@ def run(args: argparse.Namespace) -> int:
     _check_env_id(args.env)
     if args.memmap_dir and prepare_memmap_dir(args.memmap_dir):
         print(f"daskcollect: created {Path(args.memmap_dir).expanduser().resolve()}")
-    # torch and TorchRL load here, not for --help or a bad argument.
+    start = time.perf_counter()
+    private = None if args.scheduler or args.scheduler_file else _start_private_cluster(args)
+    try:
+        # torch and TorchRL load here (not for --help or a bad argument), while the
+        # private cluster's workers import them too.
+        from daskcollect import DaskCollector
+
+        collector = DaskCollector(
+            GymEnvMaker(args.env),
+            frames_per_batch=args.frames_per_batch,
+            total_frames=args.frames,
+            sync=args.sync,
+            num_collectors=args.collectors,
+            client=private.client if private else args.scheduler,
+            scheduler_file=args.scheduler_file,
+            worker_env=dict(args.worker_env),
+            output="memmap" if args.memmap_dir else "tensordict",
+            memmap_dir=args.memmap_dir,
+        )
+        with collector:
+            rows = _collect(args, collector, startup=time.perf_counter() - start)
+    finally:
+        if private is not None:
+            private.close(timeout=30)
+    width = max(len(k) for k, _ in rows)
+    print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
+    return EXIT_OK
+
+
+def _start_private_cluster(args: argparse.Namespace):
+    """The private LocalCluster, started before this process imports torch (the two overlap)."""
+    from dask.system import CPU_COUNT
+
+    from daskcollect.cluster import connect
+    from daskcollect.options import ClusterOptions
+    from daskcollect.settings import Settings
+
+    options = ClusterOptions(worker_env=dict(args.worker_env))
+    return connect(options, n_workers=args.collectors or CPU_COUNT, settings=Settings.load())
+
+
+def _collect(args: argparse.Namespace, collector, startup: float) -> list[tuple[str, object]]:
+    """Runs the collection with a progress bar; returns the summary's rows."""
     from tqdm import tqdm
 
-    from daskcollect import DaskCollector
     from daskcollect.monitoring.dashboard import PATH as MONITOR_PATH
 
-    start = time.perf_counter()
-    collector = DaskCollector(
-        GymEnvMaker(args.env),
-        frames_per_batch=args.frames_per_batch,
-        total_frames=args.frames,
-        sync=args.sync,
-        num_collectors=args.collectors,
-        client=args.scheduler,
-        scheduler_file=args.scheduler_file,
-        worker_env=dict(args.worker_env),
-        output="memmap" if args.memmap_dir else "tensordict",
-        memmap_dir=args.memmap_dir,
-    )
-    with collector:
-        ready = time.perf_counter()
-        print(f"daskcollect: {collector.num_collectors} collectors on {len(set(collector.workers))} workers")
-        links = _links(collector.dashboard_link, MONITOR_PATH)
-        print("\n".join(f"{name + ':':<12} {link}" for name, link in links))
-        bar = tqdm(total=args.frames, unit="frames", unit_scale=True, disable=args.no_progress, smoothing=0.1)
-        frames = batches = 0
-        for batch in collector:
-            n = batch.numel()
-            if args.memmap_dir:
-                batch.release()  # a MemmapBatch handle: its folder can go
-            frames += n
-            batches += 1
-            bar.update(min(n, bar.total - bar.n))
-            stats = collector.stats()
-            bar.set_postfix(batches=batches, restarts=stats["restarts"], collectors=stats["live_collectors"],
-                            refresh=False)  # fmt: skip
-        bar.close()
-        seconds = time.perf_counter() - ready
+    ready = time.perf_counter()
+    print(f"daskcollect: {collector.num_collectors} collectors on {len(set(collector.workers))} workers")
+    links = _links(collector.dashboard_link, MONITOR_PATH)
+    print("\n".join(f"{name + ':':<12} {link}" for name, link in links))
+    bar = tqdm(total=args.frames, unit="frames", unit_scale=True, disable=args.no_progress, smoothing=0.1)
+    frames = batches = 0
+    for batch in collector:
+        n = batch.numel()
+        if args.memmap_dir:
+            batch.release()  # a MemmapBatch handle: its folder can go
+        frames += n
+        batches += 1
+        bar.update(min(n, bar.total - bar.n))
         stats = collector.stats()
-    rows = [
+        bar.set_postfix(batches=batches, restarts=stats["restarts"], collectors=stats["live_collectors"],
+                        refresh=False)  # fmt: skip
+    bar.close()
+    seconds = time.perf_counter() - ready
+    stats = collector.stats()
+    return [
         ("env", args.env),
         ("mode", "sync" if args.sync else "async"),
         ("collectors", collector.num_collectors),
         ("batches", batches),
         ("frames", frames),
-        ("start-up (s)", f"{ready - start:.1f}"),
+        ("start-up (s)", f"{startup:.1f}"),
         ("collection (s)", f"{seconds:.1f}"),
         ("frames/s", f"{frames / seconds:,.0f}"),
         ("restarts", stats["restarts"]),
@@ -195,9 +222,6 @@ def run(args: argparse.Namespace) -> int:
         ("output", f"memmap in {args.memmap_dir}" if args.memmap_dir else "tensordict"),
         *links,
     ]
-    width = max(len(k) for k, _ in rows)
-    print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
-    return EXIT_OK
 
 
 def _links(dashboard: str | None, monitor_path: str) -> list[tuple[str, str]]:

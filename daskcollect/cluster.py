@@ -12,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
+import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import dask.config
@@ -28,6 +30,9 @@ from daskcollect.settings import Settings
 
 logger = logging.getLogger(__name__)
 
+#: The topic of the close barrier (see :meth:`ClusterHandle.close`).
+DRAINED_TOPIC = "daskcollect-drained"
+
 
 @dataclass
 class ClusterHandle:
@@ -40,6 +45,33 @@ class ClusterHandle:
 
     client: Client
     cluster: LocalCluster | None = None
+    _drained: threading.Event = field(default_factory=threading.Event, repr=False)
+    _token: str = field(default_factory=lambda: uuid.uuid4().hex, repr=False)
+
+    def _on_event(self, event: tuple) -> None:
+        if event[1] == self._token:
+            self._drained.set()
+
+    def _drain(self, timeout: float) -> None:
+        """Waits (bounded) until the scheduler has sent us everything it queued for us.
+
+        Cancelling our actors makes the scheduler queue a report to every
+        client; closing ours before that report is written leaves a
+        ``CommClosedError`` traceback in the scheduler's log. A subscription
+        travels on the same ordered stream as the cancel, so the first event
+        of a fresh topic that comes back was queued after the report.
+        """
+        topic = f"{DRAINED_TOPIC}-{self._token}"
+        with contextlib.suppress(Exception):
+            self.client.subscribe_topic(topic, self._on_event)
+
+            def echoed() -> bool:
+                self.client.log_event(topic, self._token)
+                return self._drained.wait(0.05)
+
+            poll_until(echoed, timeout, interval=0.0, fail=TimeoutError)
+        with contextlib.suppress(Exception):
+            self.client.unsubscribe_topic(topic)
 
     @property
     def dashboard_link(self) -> str | None:
@@ -50,6 +82,8 @@ class ClusterHandle:
 
     def close(self, timeout: float) -> None:
         """Closes our Client and the private cluster; a user's cluster stays."""
+        if self.cluster is None:
+            self._drain(min(timeout, 5.0))
         with contextlib.suppress(Exception):
             self.client.close(timeout=timeout)
         if self.cluster is not None:

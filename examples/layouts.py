@@ -1,12 +1,14 @@
 """The three layouts of N CPUs, from TorchRL's seed issue, on one LocalCluster.
 
-    python examples/layouts.py --cpus 4
+    python examples/layouts.py            # N = 4
+    python examples/layouts.py --cpus 8
 
 1. One collector that steps N envs in a ParallelEnv.
-2. Y collectors of N/Y envs each.
+2. N/2 collectors of 2 envs each.
 3. N collectors of one env each.
 
-Each layout collects the same number of frames and prints its throughput.
+Each layout collects the same number of frames and prints its throughput
+(start-up included). docs/api.md ("Which layout") says when each pays off.
 """
 
 from __future__ import annotations
@@ -40,13 +42,12 @@ def collect(client, num_collectors, envs_per_collector, frames):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--cpus", type=int, default=2)
+    parser.add_argument("--cpus", type=int, default=4, help="N, even and >= 4 for three distinct layouts")
     parser.add_argument("--frames", type=int, default=10_000)
     args = parser.parse_args()
     n = args.cpus
-    y = max(n // 2, 1)
-    layouts = {}  # the same (collectors, envs) pair is run once
-    for collectors, envs in [(1, n), (y, n // y), (n, 1)]:
+    layouts = {}  # the same (collectors, envs) pair is run once (N = 2 has two layouts)
+    for collectors, envs in [(1, n), (max(n // 2, 1), min(n, 2)), (n, 1)]:
         layouts.setdefault(f"{collectors} collector(s) x {envs} env(s)", (collectors, envs))
     # Workers must not be daemons to start a ParallelEnv's processes.
     import dask

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import time
 import warnings
 
 import dask
 import psutil
 import pytest
 from distributed import Client, LocalCluster
+from helpers import children
 
 import daskcollect  # noqa: F401  (registers the daskcollect config defaults)
 
@@ -84,36 +83,3 @@ def make_cluster():
     for pid in children() - before:  # whatever a broken cluster left behind
         with contextlib.suppress(psutil.NoSuchProcess):
             psutil.Process(pid).kill()
-
-
-def children() -> set[int]:
-    return {p.pid for p in psutil.Process(os.getpid()).children(recursive=True)}
-
-
-def wait_until(predicate, timeout: float = 20.0, interval: float = 0.1) -> bool:
-    """Polls ``predicate`` until it is true or ``timeout`` passes."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
-
-
-def actors_on(client: Client) -> dict[str, list[str]]:
-    """The actor keys held by each worker."""
-    return client.run(lambda dask_worker: [str(k) for k in dask_worker.state.actors])
-
-
-def collector_keywords(**overrides) -> dict:
-    """Every keyword of ``DaskCollector`` at its default, for building a spec without a cluster."""
-    import inspect
-
-    from daskcollect import DaskCollector
-    from daskcollect.testing import make_cartpole
-
-    params = inspect.signature(DaskCollector.__init__).parameters
-    kw = {n: p.default for n, p in params.items() if n not in ("self", "ray_only")}
-    kw.update(create_env_fn=make_cartpole, policy=None, frames_per_batch=100, ray_only={})
-    kw.update(overrides)
-    return kw

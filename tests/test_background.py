@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import wait_until
+from helpers import wait_until
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from daskcollect import ConfigurationError, DaskCollector, RolloutError

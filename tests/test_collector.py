@@ -5,7 +5,7 @@ from __future__ import annotations
 import dask
 import pytest
 import torch
-from conftest import actors_on, children, wait_until
+from helpers import actors_on, children, wait_until
 from tensordict import TensorDict
 from torchrl.collectors import BaseCollector, Collector
 from torchrl.data import LazyTensorStorage, ReplayBuffer

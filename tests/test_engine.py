@@ -305,6 +305,13 @@ def test_worker_lifetime_restarts_lose_nothing(make_cluster):
                 ):
                     break
             batches += [b for b, _ in zip(collector, range(4))]
+            # The workers go on retiring every 6-10 s, so at a given batch one of them may be
+            # between lives: wait (bounded) for a batch when both collectors are back.
+            deadline = time.monotonic() + 30
+            for batch in collector:
+                batches.append(batch)
+                if collector.stats()["live_collectors"] == 2 or time.monotonic() > deadline:
+                    break
             stats = collector.stats()
     assert stats["retired"] >= 2 and not set(collector.workers) & first, stats
     assert stats["live_collectors"] == 2 and stats["restarts"] == 0 and stats["rollouts_lost"] == 0

@@ -6,7 +6,7 @@ import itertools
 
 import dask
 import pytest
-from conftest import collector_keywords
+from helpers import collector_keywords
 
 from daskcollect import NotEnoughWorkersError
 from daskcollect.engine import Engine

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from conftest import actors_on, children, wait_until
+from helpers import actors_on, children, wait_until
 
 from daskcollect import (
     ClusterConnectionError,

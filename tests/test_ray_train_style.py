@@ -77,7 +77,7 @@ def test_ppo_with_env_instances_and_ray_keywords(client):
                 optim.zero_grad()
                 total.backward()
                 optim.step()
-                losses.append(float(total))
+                losses.append(total.item())
             versions.append(collector.policy_version)
     assert len(losses) == 20 and all(torch.isfinite(torch.tensor(losses)))
     assert versions == sorted(versions) and versions[-1] >= 3  # weights pushed after each batch

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import cloudpickle
 import pytest
-from conftest import collector_keywords
+from helpers import collector_keywords
 from torchrl.collectors import Collector, MultiSyncCollector
 from torchrl.envs.utils import ExplorationType
 
@@ -78,3 +78,15 @@ def test_identical_recipes_are_pickled_once():
 def test_bad_keywords_are_refused_before_any_cluster(overrides, match):
     with pytest.raises(ConfigurationError, match=match):
         CollectionSpec.from_keywords(Settings.load(), keywords(**overrides))
+
+
+def test_collectors_keep_the_env_as_built_unless_asked():
+    """auto_register_policy_transforms=False by default (no TorchRL 0.14 FutureWarning); the user's choice wins."""
+
+    def kwargs_of(**kw):
+        spec = CollectionSpec.from_keywords(Settings.load(), collector_keywords(**kw))
+        return cloudpickle.loads(spec.recipes(1)[0]).collector_kwargs
+
+    assert kwargs_of()["auto_register_policy_transforms"] is False
+    asked = kwargs_of(collector_kwargs={"auto_register_policy_transforms": True})
+    assert asked["auto_register_policy_transforms"] is True
