@@ -1,0 +1,190 @@
+"""P7: the driver's CPU per batch, and frames/s against the ideal, as collectors are added.
+
+Setup, as in the scale issue: an env whose step sleeps --step seconds (almost
+no CPU: ``daskcollect.testing.SleepEnvMaker``), --frames-per-batch frames per
+batch, async mode. For each collector count N, interleaved in one process:
+
+- ``dask``: ``DaskCollector(sync=False)`` on a private LocalCluster (its
+  scheduler runs in the driver process, so its CPU counts), or with
+  --external on a ``dask scheduler`` and ``dask worker`` processes started
+  here, where only the driver's own CPU counts;
+- ``torchrl``: TorchRL's ``MultiAsyncCollector`` with the same env and batch.
+
+Each run is timed for --seconds after its first batch. "Driver ms/batch" is the
+driver process's CPU time (user + system, every thread) over that window,
+divided by the batches yielded; "fps / ideal" is frames/s over N x the frames/s
+of one env stepping alone (1 / (step + its CPU), measured once). The
+proportional set size (PSS) of the collector processes is summed at the end of
+each run (psutil; shared library pages counted once across them).
+
+    python benchmarks/driver_cost.py --collectors 8 16 32 --pairs 3
+    python benchmarks/driver_cost.py --collectors 16 --external --pairs 3
+
+Writes benchmarks/results/driver_cost[-external].json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+
+import psutil
+from _common import header, save
+from distributed import Client
+from torchrl.collectors import MultiAsyncCollector
+
+from daskcollect import DaskCollector
+from daskcollect.testing import SleepEnvMaker
+
+warnings.filterwarnings("ignore")
+
+
+def single_env_fps(step: float, frames: int = 200) -> float:
+    """Frames/s of one env stepping alone (random actions): the per-collector ideal."""
+    env = SleepEnvMaker(step)()
+    start = time.perf_counter()
+    env.rollout(frames, break_when_any_done=False)
+    return frames / (time.perf_counter() - start)
+
+
+def pss_mb(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            total += psutil.Process(pid).memory_full_info().pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return total / 1e6
+
+
+def measure(collector, seconds: float, pids) -> dict[str, float]:
+    """Frames/s, batches and the driver's CPU per batch over ``seconds`` after the first batch."""
+    me = psutil.Process()
+    try:
+        it = iter(collector)
+        next(it)
+        cpu0, frames, batches = sum(me.cpu_times()[:2]), 0, 0
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            frames += next(it).numel()
+            batches += 1
+        elapsed = time.perf_counter() - start
+        cpu = sum(me.cpu_times()[:2]) - cpu0
+        return {"fps": frames / elapsed, "batches": batches, "driver_ms_per_batch": 1e3 * cpu / batches,
+                "pss_mb": pss_mb(pids())}  # fmt: skip
+    finally:
+        collector.shutdown()
+
+
+def children_of(pid: int) -> list[int]:
+    return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+
+
+def run_dask(n: int, args, address: str | None, worker_pids) -> dict[str, float]:
+    collector = DaskCollector(
+        SleepEnvMaker(args.step), None, frames_per_batch=args.frames_per_batch, total_frames=-1,
+        num_collectors=n, sync=False, client=address,
+    )  # fmt: skip
+    return measure(collector, args.seconds, worker_pids or (lambda: children_of(os.getpid())))
+
+
+def run_torchrl(n: int, args) -> dict[str, float]:
+    collector = MultiAsyncCollector(
+        [SleepEnvMaker(args.step)] * n, None, frames_per_batch=args.frames_per_batch, total_frames=-1
+    )
+    return measure(collector, args.seconds, lambda: children_of(os.getpid()))
+
+
+def external_cluster(n: int) -> tuple[subprocess.Popen, subprocess.Popen, str]:
+    """``dask scheduler`` and ``dask worker --nworkers n`` on loopback, as a user starts them."""
+    exe = os.path.join(os.path.dirname(sys.executable), "dask")
+    scheduler = subprocess.Popen(
+        [exe, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard", "--scheduler-file",
+         f"/tmp/daskcollect-p7-{os.getpid()}.json"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    path = f"/tmp/daskcollect-p7-{os.getpid()}.json"
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    workers = subprocess.Popen(
+        [exe, "worker", "--scheduler-file", path, "--nworkers", str(n), "--nthreads", "1", "--host",
+         "127.0.0.1", "--no-dashboard"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False"},
+    )  # fmt: skip
+    with Client(scheduler_file=path, timeout=60) as client:
+        client.wait_for_workers(n, timeout=300)
+        address = client.scheduler.address
+    return scheduler, workers, address
+
+
+def stop(*procs: subprocess.Popen) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--collectors", type=int, nargs="+", default=[8, 16, 32])
+    parser.add_argument("--step", type=float, default=0.01, help="seconds each env step sleeps")
+    parser.add_argument("--frames-per-batch", type=int, default=20)
+    parser.add_argument("--seconds", type=float, default=12.0, help="timed seconds per run")
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--external", action="store_true", help="a dask scheduler process of its own")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+
+    one = single_env_fps(args.step)
+    raw: dict[str, dict[str, list[dict]]] = {}
+    for _ in range(args.pairs):
+        for n in args.collectors:
+            if args.external:
+                scheduler, workers, address = external_cluster(n)
+                try:
+                    dask = run_dask(n, args, address, lambda w=workers: children_of(w.pid))
+                finally:
+                    stop(workers, scheduler)
+            else:
+                dask = run_dask(n, args, None, None)
+            torchrl = run_torchrl(n, args)
+            for side, r in (("dask", dask), ("torchrl", torchrl)):
+                r["fps/ideal"] = r["fps"] / (n * one)
+                raw.setdefault(str(n), {}).setdefault(side, []).append(r)
+                print(f"N={n:3d} {side:8s} {r['fps']:8.0f} frames/s  fps/ideal {r['fps/ideal']:.3f}  driver "
+                      f"{r['driver_ms_per_batch']:.2f} ms/batch  PSS {r['pss_mb']:.0f} MB", flush=True)  # fmt: skip
+    summary = {
+        n: {
+            f"{side}_{key}": statistics.median(r[key] for r in runs)
+            for side, runs in sides.items()
+            for key in ("driver_ms_per_batch", "fps/ideal", "pss_mb")
+        }
+        for n, sides in raw.items()
+    }
+    name = "driver_cost-external" if args.external else "driver_cost"
+    save(
+        {**header("P7-driver-cost", args), "single_env_fps": one, "raw": raw, "summary": summary},
+        name,
+        args.out,
+    )
+    print(f"{'N':>4} {'dask ms/b':>10} {'torchrl ms/b':>12} {'dask fps/ideal':>14} {'torchrl fps/ideal':>17}"
+          f" {'dask PSS MB':>11} {'torchrl PSS MB':>14}")  # fmt: skip
+    for n, r in summary.items():
+        print(f"{n:>4} {r['dask_driver_ms_per_batch']:10.2f} {r['torchrl_driver_ms_per_batch']:12.2f} "
+              f"{r['dask_fps/ideal']:14.3f} {r['torchrl_fps/ideal']:17.3f} {r['dask_pss_mb']:11.0f} "
+              f"{r['torchrl_pss_mb']:14.0f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
