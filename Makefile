@@ -28,7 +28,7 @@ docs: install
 test: lint docs
 	$(PY) -m pytest
 
-# The benchmarks (docs/benchmarks.md): about 20 min on 2 cores (measured 2026-12-02); do not run anything else meanwhile.
+# The benchmarks (docs/benchmarks.md): about 20 min on 2 cores (measured 2026-12-02), plus about 25 for P7 (2026-12-03); do not run anything else meanwhile.
 bench: install
 	$(PY) benchmarks/throughput.py --env CartPole-v1 --workers 2 --pairs 7
 	$(PY) benchmarks/throughput.py --env Pendulum-v1 --workers 2 --pairs 7
@@ -40,6 +40,8 @@ bench: install
 	$(PY) benchmarks/lag.py --batches 300
 	$(PY) benchmarks/replay_buffer.py --frames 4000 --pairs 3
 	$(PY) benchmarks/cold_start.py --repeats 3
+	$(PY) benchmarks/driver_cost.py --collectors 8 16 32 --pairs 3
+	$(PY) benchmarks/driver_cost.py --collectors 16 --pairs 3 --external
 	$(PY) benchmarks/report.py
 
 # Every benchmark with tiny budgets, into a scratch folder: they keep working (CI runs this).
@@ -55,6 +57,7 @@ bench-smoke: install
 	$(PY) benchmarks/lag.py --batches 20 --frames-per-batch 50 --out $(SMOKE)/lag.json
 	$(PY) benchmarks/replay_buffer.py --frames 400 --frames-per-batch 100 --pairs 1 --out $(SMOKE)/rb.json
 	$(PY) benchmarks/cold_start.py --repeats 1 --frames 2000 --out $(SMOKE)/cold.json
+	$(PY) benchmarks/driver_cost.py --collectors 2 --seconds 1 --pairs 1 --out $(SMOKE)/p7.json
 	cp docs/benchmarks.md $(SMOKE)/benchmarks.md
 	$(PY) benchmarks/report.py --doc $(SMOKE)/benchmarks.md --png $(SMOKE)/benchmarks.png
 	rm -rf $(SMOKE)

@@ -103,12 +103,13 @@ def run_torchrl(n: int, args) -> dict[str, float]:
 def external_cluster(n: int) -> tuple[subprocess.Popen, subprocess.Popen, str]:
     """``dask scheduler`` and ``dask worker --nworkers n`` on loopback, as a user starts them."""
     exe = os.path.join(os.path.dirname(sys.executable), "dask")
+    path = f"/tmp/daskcollect-p7-{os.getpid()}.json"
+    if os.path.exists(path):
+        os.remove(path)  # the previous pair's: its scheduler is gone
     scheduler = subprocess.Popen(
-        [exe, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard", "--scheduler-file",
-         f"/tmp/daskcollect-p7-{os.getpid()}.json"],
+        [exe, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard", "--scheduler-file", path],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    path = f"/tmp/daskcollect-p7-{os.getpid()}.json"
     deadline = time.monotonic() + 60
     while not os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.1)

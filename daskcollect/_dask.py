@@ -1,6 +1,6 @@
 """Every use of Dask's private internals, in one place and checked against the installed version.
 
-daskcollect needs five things that ``distributed`` does not offer publicly. Each
+daskcollect needs six things that ``distributed`` does not offer publicly. Each
 accessor below checks that the internal is still there and raises
 :class:`~daskcollect.errors.DaskVersionError`, naming it and the versions
 daskcollect was tested with, instead of an ``AttributeError`` deep inside a
@@ -78,6 +78,20 @@ def actor_keys(scheduler: Any, address: str) -> list[str]:
 
 
 # --- client side ------------------------------------------------------------
+def finished_result(call: Any, timeout: float) -> Any:
+    """The outcome of an actor call, read in this thread when it has finished.
+
+    ``ActorFuture.result()`` always goes through the client's event loop
+    (``sync``): a cross-thread round trip per rollout, even for a call that has
+    finished. A finished ``ActorFuture`` holds its outcome in ``_out``; without
+    that attribute this falls back to ``result()``.
+    """
+    out = getattr(call, "_out", None)
+    if out is not None and call.done():
+        return out.unwrap()
+    return call.result(timeout=timeout)
+
+
 async def cancel(client: Any, futures: list, reason: str) -> None:
     """Cancels ``futures`` from the client's event loop (``Client.cancel`` would block it)."""
     try:

@@ -69,9 +69,10 @@ def _guarded(path: str, line: int) -> bool:
     except (OSError, SyntaxError, ValueError):
         return True  # unreadable source: do not second-guess the user
     for node in ast.walk(tree):
+        # From the `if` line (a line number that points at the test itself can only come from
+        # a source edited since it started) to the end of the body (not the `else:`).
         if isinstance(node, ast.If) and _is_main_test(node.test):
-            first, last = node.body[0].lineno, node.body[-1].end_lineno or node.body[-1].lineno
-            if first <= line <= last:
+            if node.lineno <= line <= (node.body[-1].end_lineno or node.body[-1].lineno):
                 return True
     return False
 

@@ -30,6 +30,7 @@ from distributed import Client, Future, wait
 from distributed.actor import Actor, BaseActorFuture
 from distributed.client import FuturesCancelledError
 
+from daskcollect import _dask
 from daskcollect.cluster import eligible_workers, live_workers
 from daskcollect.errors import CollectorBuildError, CollectorTimeoutError, DaskCollectError, RolloutError
 from daskcollect.py_modules import missing_module_hint
@@ -404,7 +405,7 @@ class ActorPool:
             if flight is None:
                 continue  # the call of a removed collector
             try:
-                out: Rollout = call.result(timeout=self.settings.timeouts.call)
+                out: Rollout = _dask.finished_result(call, self.settings.timeouts.call)
             except RolloutError:
                 raise
             except Exception as exc:

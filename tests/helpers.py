@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import psutil
@@ -40,3 +41,20 @@ def collector_keywords(**overrides) -> dict:
     kw.update(create_env_fn=make_cartpole, policy=None, frames_per_batch=100, ray_only={})
     kw.update(overrides)
     return kw
+
+
+def noise(stderr: str) -> list[str]:
+    """What a clean run must not print: Python warnings, and tracebacks not logged by Dask itself.
+
+    Dask logs some races of its own shutdown with a traceback (a worker whose
+    heartbeat meets a closing scheduler on an overloaded machine); those follow a
+    ``distributed.* - ERROR -`` log line and are not the program's.
+    """
+    lines = stderr.splitlines()
+    out = [line for line in lines if re.search(r"\w+Warning: ", line)]
+    for i, line in enumerate(lines):
+        if line.startswith("Traceback") and not (
+            i and re.search(r" - distributed\.\S+ - \w+ - ", lines[i - 1])
+        ):
+            out.append(line)
+    return out

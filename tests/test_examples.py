@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from helpers import noise
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,7 +24,7 @@ def run_example(name: str, *args: str) -> str:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     # Clean runs are quiet: no warning the user did not cause.
-    assert "Warning" not in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert not noise(out.stderr), out.stderr[-3000:]
     return out.stdout
 
 
