@@ -15,7 +15,6 @@ frames (``total_frames`` ≤ 10,000), and say so where they set it.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,8 @@ from pathlib import Path
 
 from sybil import Example, Sybil
 from sybil.parsers.markdown import CodeBlockParser, SkipParser
+
+from tests.helpers import noise
 
 #: Under pytest-timeout's 120 s: a private cluster starts in seconds, the frames take seconds more.
 BLOCK_TIMEOUT_S = 100
@@ -40,13 +41,7 @@ def run_as_script(example: Example) -> None:
         )  # fmt: skip
     where = f"{Path(example.path).name}, line {example.line}"
     assert out.returncode == 0, f"{where} exited {out.returncode}:\n{out.stderr[-4000:]}"
-    lines = out.stderr.splitlines()
-    # Python warnings, and tracebacks other than those Dask logs for races of its own shutdown.
-    noise = [line for line in lines if re.search(r"\w+Warning: ", line)] + [
-        line for i, line in enumerate(lines)
-        if line.startswith("Traceback") and not (i and re.search(r" - distributed\.\S+ - \w+ - ", lines[i - 1]))
-    ]  # fmt: skip
-    assert not noise, f"{where} printed:\n{out.stderr[-4000:]}"
+    assert not noise(out.stderr), f"{where} printed:\n{out.stderr[-4000:]}"
 
 
 pytest_collect_file = Sybil(

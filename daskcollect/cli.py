@@ -107,14 +107,16 @@ def _check_env_id(env_id: str) -> None:
 
 
 def prepare_memmap_dir(path: str) -> bool:
-    """Checks that ``path`` is a writable folder, creating it if only it is missing.
+    """Creates ``path`` if only it is missing (its parent exists).
+
+    Whether it can be written is checked by ``DaskCollector`` itself, on this
+    machine and on every worker (``daskcollect.memmap.check_writable``).
 
     Returns:
         Whether the folder was created.
 
     Raises:
-        ConfigurationError: If ``path`` is a file, its parent is missing, or it
-            cannot be written.
+        ConfigurationError: If ``path`` is a file, or its parent is missing.
     """
     from daskcollect.errors import ConfigurationError
 
@@ -133,8 +135,6 @@ def prepare_memmap_dir(path: str) -> bool:
         except OSError as exc:
             raise ConfigurationError(f"cannot create --memmap-dir {path}: {exc.strerror}.") from None
         created = True
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ConfigurationError(f"--memmap-dir {path} is not writable here. Pass a folder you can write.")
     return created
 
 

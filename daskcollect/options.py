@@ -105,8 +105,8 @@ class ClusterOptions:
         worker_resources: Resources a worker must declare to host a collector.
         security: A ``distributed.security.Security`` for TLS clusters; taken
             from ``client`` when one is given.
-        py_modules: The user's modules to upload to every worker
-            (:mod:`daskcollect.py_modules`).
+        py_modules: The user's modules to upload to every worker, resolved to
+            files and package folders here (:mod:`daskcollect.py_modules`).
     """
 
     client: Any = None

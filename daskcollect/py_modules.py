@@ -88,19 +88,14 @@ def archive(source: Path, folder: str) -> Path:
     return target
 
 
-def ship(client: Any, entries: Sequence[Any]) -> list[str]:
-    """Uploads ``entries`` to every worker of ``client``'s cluster, now and as workers join.
-
-    Returns:
-        The names of the modules shipped.
+def ship(client: Any, sources: Sequence[Path]) -> None:
+    """Uploads ``sources`` (as :func:`resolve` returns them) to every worker, now and as workers join.
 
     Raises:
-        ConfigurationError: If an entry cannot be found, or a worker fails to
-            import it.
+        ConfigurationError: If a worker fails to import one.
     """
     from distributed.diagnostics.plugin import UploadFile
 
-    sources = resolve(entries)
     with tempfile.TemporaryDirectory(prefix="daskcollect-py-modules-") as folder:
         for source in sources:
             upload = archive(source, folder)
@@ -112,7 +107,6 @@ def ship(client: Any, entries: Sequence[Any]) -> list[str]:
                     f"({type(exc).__name__}: {exc}). Check that it imports on its own, with only "
                     "the packages the workers have."
                 ) from exc
-    return [source.stem for source in sources]
 
 
 def missing_module_hint(exc: BaseException) -> str | None:

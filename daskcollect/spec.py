@@ -8,6 +8,7 @@ and the fix. The spec then builds one cloudpickled
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 from collections.abc import Mapping
@@ -50,6 +51,7 @@ def per_collector(value: Any, name: str, n: int) -> list:
     return [value] * n
 
 
+@functools.cache
 def _accepts(cls: type, keyword: str) -> bool:
     """Whether ``cls(...)`` takes ``keyword`` by name (following ``**kwargs`` up to the parents)."""
     for klass in cls.__mro__:

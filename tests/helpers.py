@@ -1,4 +1,4 @@
-"""Helpers that tests import by name (``from helpers import ...``; ``conftest`` is two modules here)."""
+"""Helpers that tests import by name (`from helpers import ...`; `conftest` is two modules here, and the root one imports `tests.helpers`)."""
 
 from __future__ import annotations
 
