@@ -196,9 +196,17 @@ def _wait_for_scheduler_file(path: str, timeout: float) -> None:
     poll_until(lambda: os.path.exists(path), timeout, interval=0.1, fail=fail)
 
 
-def eligible_workers(client: Client, resources: Mapping[str, float] | None) -> list[str]:
-    """Addresses of the workers that declare ``resources``, in a stable order."""
-    workers = client.scheduler_info(n_workers=-1)["workers"]
+def eligible_workers(
+    client: Client, resources: Mapping[str, float] | None, timeout: float = 30.0
+) -> list[str]:
+    """Addresses of the workers that declare ``resources``, in a stable order (one bounded RPC).
+
+    Asks the scheduler directly: ``Client.scheduler_info()`` returns a cache
+    that the client's periodic refresh overwrites with a worker-less summary,
+    and keeps a stale one when the RPC fails.
+    """
+    identity = client.sync(client.scheduler.identity, n_workers=-1, callback_timeout=timeout)
+    workers = identity["workers"]
     out = []
     for address, info in workers.items():
         declared = info.get("resources") or {}
@@ -225,12 +233,14 @@ def wait_for_workers(
 
 
 def not_enough_workers(
-    needed: int, found: int, resources: Mapping[str, float] | None, timeout: float
+    needed: int, found: int, resources: Mapping[str, float] | None, timeout: float, detail: str = ""
 ) -> NotEnoughWorkersError:
-    """The error for too few free eligible workers after ``timeout``."""
+    """The error for too few free eligible workers after ``timeout``; ``detail`` says what was seen."""
     what = f" declaring resources {dict(resources)}" if resources else ""
+    seen = f" ({detail})" if detail else ""
     return NotEnoughWorkersError(
-        f"Needed {needed} workers{what} (one per collector) but found {found} free after {timeout:g}s. "
+        f"Needed {needed} workers{what} (one per collector) but found {found} free after {timeout:g}s"
+        f"{seen}. "
         "Start more workers, lower num_collectors, or raise daskcollect.timeouts.workers.",
         needed=needed,
         found=found,

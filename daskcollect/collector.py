@@ -246,7 +246,7 @@ class DaskCollector(BaseCollector):
         if n is None:
             resources = spec.cluster.worker_resources
             wait_for_workers(client, 1, resources, settings.timeouts.workers)
-            n = len(eligible_workers(client, resources))
+            n = len(eligible_workers(client, resources, settings.timeouts.connect))
         spec.check_count(n)
         recipes = spec.recipes(n)
         self._plugin_name = f"daskcollect-{id(self):x}"

@@ -220,7 +220,9 @@ class Engine:
             enough,
             max(deadline - time.monotonic(), 0.0),
             interval=0.2,
-            fail=lambda: not_enough_workers(n, len(found), resources, self.settings.timeouts.workers),
+            fail=lambda: not_enough_workers(
+                n, len(found), resources, self.settings.timeouts.workers, self.pool.census
+            ),
         )
         return found[:n]
 

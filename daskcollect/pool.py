@@ -155,6 +155,7 @@ class ActorPool:
         self.lock = threading.Lock()
         #: Addresses of workers announced as retiring (see daskcollect.retirement).
         self.retiring_workers: set[str] = set()
+        self.census = ""  # what the last free_workers() saw, for NotEnoughWorkersError
         #: Awaited on the event loop when a call of a retiring slot completes.
         self.on_retiring_call_done: Callable[[Slot], Awaitable[None]] | None = None
 
@@ -194,8 +195,14 @@ class ActorPool:
     def free_workers(self) -> list[str]:
         """Eligible workers that host none of our collectors and are not retiring."""
         with self.lock:
-            taken = {s.address for s in self._slots} | self.retiring_workers
-        return [a for a in eligible_workers(self.client, self.resources) if a not in taken]
+            hosting = {s.address for s in self._slots}
+            retiring = set(self.retiring_workers)
+        eligible = eligible_workers(self.client, self.resources, self.settings.timeouts.connect)
+        self.census = (
+            f"the scheduler lists {len(eligible)} eligible workers: {len(hosting & set(eligible))} host "
+            f"this collection's collectors, {len(retiring & set(eligible) - hosting)} are retiring"
+        )
+        return [a for a in eligible if a not in hosting | retiring]
 
     def live_workers(self) -> set[str]:
         """The workers the scheduler knows now (one bounded RPC)."""

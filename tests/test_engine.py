@@ -165,12 +165,14 @@ def test_losing_the_scheduler_is_a_clear_error(make_cluster):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_soak_repeated_kills(make_cluster):
     """A collector's worker is killed every few seconds through a run of more than 50k frames.
 
     5 workers for 3 collectors: a replacement takes a spare while the killed worker's nanny brings
-    it back, which on a loaded 2-core machine can take longer than the kills' 3 s cadence; the
-    shipped 60 s bound on waiting for a free worker applies.
+    it back. A kill waits (without blocking the loop) until the cluster is whole again: on a loaded
+    2-core machine a nanny's restart can take longer than the 3 s cadence, and the test is about
+    daskcollect's recovery, not the nannies' speed.
     """
     cluster = make_cluster(n_workers=5)
     kills = 0
@@ -184,7 +186,8 @@ def test_soak_repeated_kills(make_cluster):
             batches, last_kill, start = [], time.monotonic(), time.monotonic()
             for batch in collector:
                 batches.append(batch)
-                if time.monotonic() - last_kill > 3 and kills < 8:
+                whole = len(client.nthreads()) == 5
+                if time.monotonic() - last_kill > 3 and kills < 8 and whole:
                     kill_worker_of(client, collector.workers[kills % 3])
                     kills, last_kill = kills + 1, time.monotonic()
                 assert time.monotonic() - start < 240

@@ -27,6 +27,7 @@ class FakePool:
         self.launched: list[list[tuple[int, str]]] = []
         self.leave_during_start: set[str] = set()
         self.retiring_workers: set[str] = set()
+        self.census = "what the fake saw"
 
     def live_workers(self) -> set[str]:
         return set(self.workers)
@@ -115,7 +116,9 @@ def test_start_retries_a_collector_whose_worker_left_on_another_free_worker():
 
 def test_start_fails_fast_and_clearly_without_enough_workers():
     eng, _ = engine(["w1"], 2)
-    with pytest.raises(NotEnoughWorkersError, match="Needed 2 workers .* found 1 free"):
+    with pytest.raises(
+        NotEnoughWorkersError, match=r"Needed 2 workers .* found 1 free .*\(what the fake saw\)"
+    ):
         eng.start()
 
 

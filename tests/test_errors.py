@@ -114,6 +114,7 @@ def test_too_few_workers(client):
             DaskCollector(make_cartpole, frames_per_batch=10, num_collectors=3, client=client)
     assert time.monotonic() - start < 20
     assert info.value.needed == 3 and info.value.found == 2
+    assert "the scheduler lists 2 eligible workers: 0 host this collection's collectors" in str(info.value)
     assert no_actors(client)
 
 
