@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import distributed
+from distributed.protocol import to_serialize
 from packaging.version import Version
 
 from daskcollect.errors import DaskVersionError
@@ -78,18 +79,29 @@ def actor_keys(scheduler: Any, address: str) -> list[str]:
 
 
 # --- client side ------------------------------------------------------------
-def finished_result(call: Any, timeout: float) -> Any:
-    """The outcome of an actor call, read in this thread when it has finished.
+async def actor_execute(actor: Any, method: str, *args: Any) -> Any:
+    """Runs ``actor.method(*args)`` on its worker, awaited on the client's event loop.
 
-    ``ActorFuture.result()`` always goes through the client's event loop
-    (``sync``): a cross-thread round trip per rollout, even for a call that has
-    finished. A finished ``ActorFuture`` holds its outcome in ``_out``; without
-    that attribute this falls back to ``result()``.
+    The same RPC (the worker's ``actor_execute`` handler) that ``Actor.__getattr__``
+    sends, without what it wraps around each call: a worker and client lookup
+    that raises and catches on the driver, an ``ActorFuture`` with its event and
+    two coroutines, and, for ``result()``, a cross-thread round trip. One rollout
+    call per batch makes that the driver's per-batch cost.
+
+    Raises:
+        OSError: If the actor's worker cannot be reached.
+        Exception: Whatever the method raised on the worker.
     """
-    out = getattr(call, "_out", None)
-    if out is not None and call.done():
-        return out.unwrap()
-    return call.result(timeout=timeout)
+    try:
+        rpc, key = actor._worker_rpc, actor.key
+    except AttributeError as exc:
+        raise _missing("Actor._worker_rpc", exc) from None
+    result = await rpc.actor_execute(
+        function=method, actor=key, args=[to_serialize(a) for a in args], kwargs={}
+    )
+    if result["status"] == "OK":
+        return result["result"]
+    raise result["exception"]
 
 
 async def cancel(client: Any, futures: list, reason: str) -> None:

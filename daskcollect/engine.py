@@ -25,6 +25,7 @@ from distributed import Client
 
 from daskcollect.cluster import not_enough_workers
 from daskcollect.errors import ConfigurationError, NotEnoughWorkersError
+from daskcollect.membership import JoinWatch
 from daskcollect.memmap import MemmapLedger
 from daskcollect.monitoring.stats import CollectionStats, CollectorStats, FailureCounters
 from daskcollect.polling import poll_until
@@ -89,6 +90,8 @@ class Engine:
         self._recipes = dict(enumerate(recipes))
         self._weights_source = weights_source
         self._known_workers: set[str] = set()
+        follow_events = spec.follow and client is not None
+        self._joins = JoinWatch(client, settings.liveness_interval) if follow_events else None
         self._seed: int | None = None
         out = spec.output
         self.ledger = (
@@ -157,7 +160,9 @@ class Engine:
         """Starts collectors on free workers: every one that joined when following the
         cluster, otherwise those that bring the count back to ``num_collectors``."""
         if self.spec.follow:
-            alive = self.pool.live_workers()  # one light RPC per batch
+            if not look_again and self._joins is not None and not self._joins.maybe_joined():
+                return []  # no worker joined: no RPC this batch
+            alive = self.pool.live_workers()
             if alive <= self._known_workers and not look_again:
                 return []
             self._known_workers = alive
@@ -165,6 +170,8 @@ class Engine:
             top = max(self._recipes) + 1
             indices = list(range(top, top + len(free)))
         else:
+            if self.pool.num_slots >= self.requested:
+                return []  # the usual case, checked once per batch
             live = {s.index for s in self.pool.slots}
             indices = sorted(set(range(self.requested)) - live)
             if not indices:
@@ -369,6 +376,8 @@ class Engine:
     def close(self, timeout: float) -> None:
         """Closes the actors, the weights' transports and the ledger (bounded, idempotent enough)."""
         self.watcher.close()
+        if self._joins is not None:
+            self._joins.close()
         self.pool.close(timeout)
         self.router.close()
         if self.ledger is not None:

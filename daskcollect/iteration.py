@@ -68,6 +68,8 @@ class AsyncIteration:
         """Queues calls round robin, but no more than the pass still needs, nor than memmap
         back-pressure allows (``held``: rollouts taken out but not yielded yet)."""
         pool, ledger = self.engine.pool, self.engine.ledger
+        if pool.num_inflight >= self.depth * len(slots):
+            return  # every collector has its calls queued: the usual case once running
         for _ in range(self.depth):
             for slot in slots:
                 left = self.remaining()

@@ -15,6 +15,7 @@ flight happens under one lock.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import logging
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from distributed import Client, Future, wait
-from distributed.actor import Actor, BaseActorFuture
+from distributed.actor import Actor
 from distributed.client import FuturesCancelledError
 
 from daskcollect import _dask
@@ -35,7 +36,7 @@ from daskcollect.cluster import eligible_workers, live_workers
 from daskcollect.errors import CollectorBuildError, CollectorTimeoutError, DaskCollectError, RolloutError
 from daskcollect.py_modules import missing_module_hint
 from daskcollect.settings import Settings
-from daskcollect.weights.payload import Sent
+from daskcollect.weights.payload import Sent, WeightsRef
 from daskcollect.worker.actor import CollectorActor
 from daskcollect.worker.rollout import ActorSpec, Rollout
 
@@ -78,33 +79,33 @@ class Slot:
     policy_version: int = 0
     retiring: bool = False
     retired: bool = False
+    inflight: int = 0
 
 
 @dataclass(eq=False)
 class InFlight:
-    """A rollout call that has not been consumed yet, and the weights it carries (kept alive)."""
+    """A rollout call that has not been consumed yet, and the weights it carries (kept alive).
+
+    Attributes:
+        outcome: ``(True, rollout)`` or ``(False, exception)`` once the call has
+            finished (set on the client's event loop); ``None`` while it runs.
+    """
 
     slot: Slot
-    call: BaseActorFuture
     weights: Sent | None
     started: float = field(default_factory=time.monotonic)
-
-
-class _FailedCall(BaseActorFuture):
-    """A rollout call that could not even be sent; its result raises why."""
-
-    def __init__(self, exc: Exception):
-        self.exc = exc
-
-    def result(self, timeout=None):
-        raise self.exc
+    outcome: tuple[bool, Any] | None = None
 
     def done(self) -> bool:
-        return True
+        return self.outcome is not None
 
-    def __await__(self):
-        raise self.exc
-        yield  # pragma: no cover
+    def result(self) -> Rollout:
+        """The rollout of a finished call; raises what the call raised."""
+        assert self.outcome is not None
+        ok, value = self.outcome
+        if ok:
+            return value
+        raise value
 
 
 class CollectorLost(Exception):
@@ -147,11 +148,11 @@ class ActorPool:
         self._slots: list[Slot] = []
         self._uids = itertools.count()
         self._token = uuid.uuid4().hex[:8]
-        self._inflight: dict[BaseActorFuture, InFlight] = {}
+        self._inflight: set[InFlight] = set()
         # Dask's as_completed does not wait for actor futures (its wait() sees no
         # Future in them and returns at once), so completions are tracked here.
-        self._completed: queue.SimpleQueue[BaseActorFuture] = queue.SimpleQueue()
-        self._next_liveness = 0.0
+        self._completed: queue.SimpleQueue[InFlight] = queue.SimpleQueue()
+        self._next_liveness = self._next_scan = 0.0
         self.lock = threading.Lock()
         #: Addresses of workers announced as retiring (see daskcollect.retirement).
         self.retiring_workers: set[str] = set()
@@ -166,9 +167,14 @@ class ActorPool:
         with self.lock:
             return list(self._slots)
 
+    @property
+    def num_slots(self) -> int:
+        return len(self._slots)
+
     def slot(self, index: int) -> Slot | None:
         """The live slot of collector ``index`` (indices need not be contiguous after a shrink)."""
-        return next((s for s in self.slots if s.index == index), None)
+        with self.lock:
+            return next((s for s in self._slots if s.index == index), None)
 
     def add(self, slots: list[Slot]) -> None:
         with self.lock:
@@ -177,9 +183,9 @@ class ActorPool:
     def remove(self, slot: Slot) -> int:
         """Drops ``slot``'s calls in flight and deletes its actor; returns the calls dropped."""
         with self.lock:
-            dropped = [c for c, f in self._inflight.items() if f.slot is slot]
-            for call in dropped:
-                del self._inflight[call]  # if it ever completes, next_completion ignores it
+            dropped = [f for f in self._inflight if f.slot is slot]
+            self._inflight.difference_update(dropped)  # if one completes, next_completion ignores it
+            slot.inflight = 0
             self._slots = [s for s in self._slots if s is not slot]
         with contextlib.suppress(Exception):
             self.client.cancel([slot.future])
@@ -335,22 +341,28 @@ class ActorPool:
         with self.lock:
             if slot.retiring:
                 return False
-            try:
-                call = slot.actor.rollout(weights.ref if weights is not None else None)
-            except Exception as exc:  # e.g. "Worker holding Actor was lost": report it as a failed call
-                call = _FailedCall(exc)
-                self._inflight[call] = InFlight(slot, call, weights)
-                self._completed.put(call)
-                return True
-            self._inflight[call] = InFlight(slot, call, weights)
-        self.client.loop.add_callback(self._watch, call, slot)
+            flight = InFlight(slot, weights)
+            self._inflight.add(flight)
+            slot.inflight += 1
+        self.client.loop.add_callback(self._run, flight, weights.ref if weights is not None else None)
         return True
 
-    async def _watch(self, call: BaseActorFuture, slot: Slot) -> None:
-        """Runs on the client's event loop: queues ``call`` once it has finished."""
-        with contextlib.suppress(BaseException):
-            await call
-        self._completed.put(call)
+    async def _run(self, flight: InFlight, ref: WeightsRef | None) -> None:
+        """Runs on the client's event loop: the rollout call, then queues its outcome."""
+        slot = flight.slot
+        try:
+            if slot.future.status not in ("finished", "pending"):
+                raise RuntimeError(f"Worker holding Actor was lost. Status: {slot.future.status}")
+            flight.outcome = (True, await _dask.actor_execute(slot.actor, "rollout", ref))
+        except OSError as exc:
+            flight.outcome = (False, OSError(f"Unable to contact Actor's worker ({exc})"))
+        except asyncio.CancelledError:  # the client is closing
+            flight.outcome = (False, OSError("the call was cancelled: the client is closing"))
+            self._completed.put(flight)
+            raise
+        except Exception as exc:  # the engine decides: RolloutError raises, anything else is a loss
+            flight.outcome = (False, exc)
+        self._completed.put(flight)
         if slot.retiring and self.on_retiring_call_done is not None:
             await self.on_retiring_call_done(slot)
 
@@ -360,18 +372,20 @@ class ActorPool:
 
     def inflight_count(self, slot: Slot) -> int:
         """Rollout calls in flight on ``slot``."""
-        with self.lock:
-            return sum(f.slot is slot for f in self._inflight.values())
+        return slot.inflight
 
     def running(self) -> list[InFlight]:
         """The calls still running on their workers (done ones wait to be consumed)."""
         with self.lock:
-            flights = list(self._inflight.values())
-        return [f for f in flights if not f.call.done()]
+            flights = list(self._inflight)
+        return [f for f in flights if not f.done()]
 
     def _check_liveness(self, timeout: float) -> None:
         """Raises :class:`CollectorLost` for a stuck rollout or a worker gone from the scheduler."""
         now = time.monotonic()
+        if now < self._next_scan:
+            return  # a scan walks every call in flight: four a second is enough for timeouts in seconds
+        self._next_scan = now + 0.25
         running = self.running()
         for flight in running:
             if now - flight.started > timeout:
@@ -404,15 +418,16 @@ class ActorPool:
         while True:
             self._check_liveness(timeout)  # cheap; asks the scheduler once per liveness-interval
             try:
-                call = self._completed.get(timeout=0.25)
+                flight = self._completed.get(timeout=0.25)
             except queue.Empty:
                 continue
             with self.lock:
-                flight = self._inflight.pop(call, None)
-            if flight is None:
-                continue  # the call of a removed collector
+                if flight not in self._inflight:
+                    continue  # the call of a removed collector
+                self._inflight.discard(flight)
+                flight.slot.inflight -= 1
             try:
-                out: Rollout = _dask.finished_result(call, self.settings.timeouts.call)
+                out: Rollout = flight.result()
             except RolloutError:
                 raise
             except Exception as exc:
@@ -479,5 +494,7 @@ class ActorPool:
         with contextlib.suppress(Exception):
             self.client.cancel([s.future for s in slots])
         with self.lock:
+            for slot in self._slots:
+                slot.inflight = 0
             self._slots = []
             self._inflight.clear()

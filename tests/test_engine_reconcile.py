@@ -40,6 +40,10 @@ class FakePool:
     def slots(self) -> list[Slot]:
         return list(self._slots)
 
+    @property
+    def num_slots(self) -> int:
+        return len(self._slots)
+
     def launch(self, todo, seed=None):
         self.launched.append([(i, a) for i, _, a in todo])
         slots, lost = [], []
