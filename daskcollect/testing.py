@@ -12,7 +12,7 @@ import torch
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
-from torchrl.collectors import BaseCollector
+from torchrl.collectors import Collector
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
@@ -211,35 +211,16 @@ def counting_policy_factory() -> CountingPolicy:
     return CountingPolicy()
 
 
-class PrebuiltCollector(BaseCollector):
-    """Returns the same batch at once, every time: a collector that costs nothing.
+class PrebuiltCollector(Collector):
+    """A TorchRL ``Collector`` that returns its first batch again, at once, every time.
 
-    ``benchmarks/envelope.py`` passes it as ``collector_class`` to measure how
-    many batches per second the path around a rollout (the call, the transfer,
-    the driver's bookkeeping) sustains, with no env in the way. The batch is
-    collected once, at construction, from the env the recipe gives.
+    ``benchmarks/envelope.py`` passes it as ``collector_class`` (to
+    ``DaskCollector`` and to ``MultiAsyncCollector``) to measure how many
+    batches per second the path around a rollout sustains (the call, the
+    transfer, the driver's bookkeeping) with no env in the way.
     """
 
-    def __init__(self, create_env_fn, policy=None, *, frames_per_batch: int, **kwargs):
-        from torchrl.collectors import Collector
-
-        warm = Collector(create_env_fn, policy, frames_per_batch=frames_per_batch, total_frames=-1)
-        self._batch = next(iter(warm)).clone()
-        warm.shutdown()
-        self.frames_per_batch = frames_per_batch
-
     def iterator(self):
+        batch = next(super().iterator())
         while True:
-            yield self._batch.clone()
-
-    def set_seed(self, seed: int, static_seed: bool = False) -> int:
-        return seed
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        pass
-
-    def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True):
-        pass
+            yield batch  # the same object, as TorchRL's multiprocess collectors expect
