@@ -42,6 +42,7 @@ bench: install
 	$(PY) benchmarks/cold_start.py --repeats 3
 	$(PY) benchmarks/driver_cost.py --collectors 8 16 32 --pairs 3
 	$(PY) benchmarks/driver_cost.py --collectors 16 --pairs 3 --external
+	$(PY) benchmarks/envelope.py --collectors 2 4 8 16 --pairs 2
 	$(PY) benchmarks/report.py
 
 # Every benchmark with tiny budgets, into a scratch folder: they keep working (CI runs this).
@@ -58,8 +59,9 @@ bench-smoke: install
 	$(PY) benchmarks/replay_buffer.py --frames 400 --frames-per-batch 100 --pairs 1 --out $(SMOKE)/rb.json
 	$(PY) benchmarks/cold_start.py --repeats 1 --frames 2000 --out $(SMOKE)/cold.json
 	$(PY) benchmarks/driver_cost.py --collectors 2 --seconds 1 --pairs 1 --out $(SMOKE)/p7.json
+	$(PY) benchmarks/envelope.py --collectors 2 --seconds 1 --pairs 1 --out $(SMOKE)/envelope.json
 	cp docs/benchmarks.md $(SMOKE)/benchmarks.md
-	$(PY) benchmarks/report.py --doc $(SMOKE)/benchmarks.md --png $(SMOKE)/benchmarks.png
+	$(PY) benchmarks/report.py --doc $(SMOKE)/benchmarks.md --png $(SMOKE)/benchmarks.png --scale-png $(SMOKE)/scale.png
 	rm -rf $(SMOKE)
 
 clean:

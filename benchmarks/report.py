@@ -18,6 +18,7 @@ from _common import RESULTS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "benchmarks.md")
+SCALE_PNG = os.path.join(ROOT, "docs", "img", "scale.png")
 PNG = os.path.join(ROOT, "docs", "img", "benchmarks.png")
 
 
@@ -129,14 +130,50 @@ def plot(png: str) -> None:
     fig.savefig(png, dpi=100)
 
 
+def plot_scale(png: str) -> None:
+    """P7 and the envelope (docs/scale.md): the driver's CPU per batch, fps / ideal, batches/s."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4.2))
+    p7 = load("driver_cost")
+    if p7:
+        ns = sorted(int(n) for n in p7["summary"])
+        s = p7["summary"]
+        for side, label in (("dask", "DaskCollector async"), ("torchrl", "MultiAsyncCollector")):
+            a.plot(ns, [s[str(n)][f"{side}_driver_ms_per_batch"] for n in ns], marker="o", label=label)
+            b.plot(ns, [s[str(n)][f"{side}_fps/ideal"] for n in ns], marker="o", label=label)
+        a.set(title="P7: driver CPU per batch (private cluster)", xlabel="collectors", ylabel="ms / batch",
+              xticks=ns, ylim=(0, None))  # fmt: skip
+        b.set(title="P7: frames/s ÷ ideal", xlabel="collectors", ylabel="ratio", xticks=ns, ylim=(0, 1.05))
+        a.legend()
+        b.legend()
+    envelope = load("envelope")
+    if envelope:
+        ns = sorted(int(n) for n in envelope["summary"])
+        s = envelope["summary"]
+        for side, label in (("dask", "DaskCollector async"), ("torchrl", "MultiAsyncCollector")):
+            c.plot(ns, [s[str(n)][f"{side}_batches_per_s"] for n in ns], marker="o", label=label)
+        c.set(title="Envelope: batches/s, collectors that cost nothing", xlabel="collectors",
+              ylabel="batches / s", xticks=ns, ylim=(0, None))  # fmt: skip
+        c.legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(png), exist_ok=True)
+    fig.savefig(png, dpi=100)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--doc", default=DOC, help="the Markdown file to update")
     parser.add_argument("--png", default=PNG, help="where the plot goes")
+    parser.add_argument("--scale-png", default=SCALE_PNG, help="where the P7 / envelope plot goes")
     args = parser.parse_args()
     plot(args.png)
+    plot_scale(args.scale_png)
     text = tables()
     with open(args.doc) as f:
         doc = f.read()
