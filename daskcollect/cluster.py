@@ -253,14 +253,16 @@ def live_workers(client: Client, timeout: float) -> set[str]:
     Raises:
         ClusterConnectionError: If the scheduler does not answer within ``timeout``.
     """
+    # A client that lost its scheduler drops its rpc (client.scheduler becomes None).
+    address = getattr(client.scheduler, "address", None) or "(the client has dropped it)"
     try:
         # ncores: {address: threads}, far lighter than the scheduler's identity.
         info = client.sync(client.scheduler.ncores, callback_timeout=timeout)
     except Exception as exc:
         raise ClusterConnectionError(
-            f"Lost the scheduler at {client.scheduler.address}: it did not answer within {timeout:g}s "
+            f"Lost the scheduler at {address}: it did not answer within {timeout:g}s "
             f"({type(exc).__name__}: {exc}). Restart the scheduler and the collection; the workers' "
             "collectors cannot be reached without it.",
-            address=client.scheduler.address,
+            address=address,
         ) from exc
     return set(info)
