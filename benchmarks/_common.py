@@ -50,3 +50,15 @@ def save(result: dict[str, Any], name: str, out: str | None = None) -> str:
 def median_ratio(a: list[float], b: list[float]) -> float:
     """The median of the pairwise ratios a[i] / b[i] (interleaved runs)."""
     return statistics.median(x / y for x, y in zip(a, b))
+
+
+def medians(raw: dict[str, dict[str, list[dict]]], keys: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """``{n: {side_key: median}}`` from ``raw[n][side]``, a list of runs each holding ``keys``."""
+    return {
+        n: {
+            f"{side}_{key}": statistics.median(r[key] for r in runs)
+            for side, runs in sides.items()
+            for key in keys
+        }
+        for n, sides in raw.items()
+    }

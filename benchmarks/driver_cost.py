@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import time
 import warnings
 
 import psutil
-from _common import header, save
+from _common import header, medians, save
 from distributed import Client
 from torchrl.collectors import MultiAsyncCollector
 
@@ -63,7 +62,8 @@ def pss_mb(pids: list[int]) -> float:
 
 
 def measure(collector, seconds: float, pids) -> dict[str, float]:
-    """Frames/s, batches and the driver's CPU per batch over ``seconds`` after the first batch."""
+    """Frames/s, batches (and per second) and the driver's CPU per batch over ``seconds`` after the
+    first batch, and the PSS of the processes ``pids()`` names; shuts the collector down."""
     me = psutil.Process()
     try:
         it = iter(collector)
@@ -75,8 +75,8 @@ def measure(collector, seconds: float, pids) -> dict[str, float]:
             batches += 1
         elapsed = time.perf_counter() - start
         cpu = sum(me.cpu_times()[:2]) - cpu0
-        return {"fps": frames / elapsed, "batches": batches, "driver_ms_per_batch": 1e3 * cpu / batches,
-                "pss_mb": pss_mb(pids())}  # fmt: skip
+        return {"fps": frames / elapsed, "batches": batches, "batches_per_s": batches / elapsed,
+                "driver_ms_per_batch": 1e3 * cpu / batches, "pss_mb": pss_mb(pids())}  # fmt: skip
     finally:
         collector.shutdown()
 
@@ -165,14 +165,7 @@ def main() -> None:
                 raw.setdefault(str(n), {}).setdefault(side, []).append(r)
                 print(f"N={n:3d} {side:8s} {r['fps']:8.0f} frames/s  fps/ideal {r['fps/ideal']:.3f}  driver "
                       f"{r['driver_ms_per_batch']:.2f} ms/batch  PSS {r['pss_mb']:.0f} MB", flush=True)  # fmt: skip
-    summary = {
-        n: {
-            f"{side}_{key}": statistics.median(r[key] for r in runs)
-            for side, runs in sides.items()
-            for key in ("driver_ms_per_batch", "fps/ideal", "pss_mb")
-        }
-        for n, sides in raw.items()
-    }
+    summary = medians(raw, ("driver_ms_per_batch", "fps/ideal", "pss_mb"))
     name = "driver_cost-external" if args.external else "driver_cost"
     save(
         {**header("P7-driver-cost", args), "single_env_fps": one, "raw": raw, "summary": summary},

@@ -20,36 +20,16 @@ Writes benchmarks/results/envelope.json and prints a table.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 import warnings
 
-import psutil
-from _common import header, save
-from driver_cost import external_cluster, stop
+from _common import header, medians, save
+from driver_cost import external_cluster, measure, stop
 from torchrl.collectors import MultiAsyncCollector
 
 from daskcollect import DaskCollector
 from daskcollect.testing import PrebuiltCollector, make_cartpole
 
 warnings.filterwarnings("ignore")
-
-
-def measure(collector, seconds: float) -> dict[str, float]:
-    """Batches/s and the driver's CPU per batch over ``seconds`` after the first batch."""
-    me = psutil.Process()
-    try:
-        it = iter(collector)
-        next(it)
-        cpu0, batches, start = sum(me.cpu_times()[:2]), 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            next(it)
-            batches += 1
-        elapsed = time.perf_counter() - start
-        cpu = sum(me.cpu_times()[:2]) - cpu0
-        return {"batches_per_s": batches / elapsed, "driver_ms_per_batch": 1e3 * cpu / batches}
-    finally:
-        collector.shutdown()
 
 
 def run_dask(n: int, args) -> dict[str, float]:
@@ -59,7 +39,7 @@ def run_dask(n: int, args) -> dict[str, float]:
             make_cartpole, None, collector_class=PrebuiltCollector, frames_per_batch=args.frames_per_batch,
             total_frames=-1, num_collectors=n, sync=False, client=address,
         )  # fmt: skip
-        return measure(collector, args.seconds)
+        return measure(collector, args.seconds, list)
     finally:
         stop(workers, scheduler)
 
@@ -69,7 +49,7 @@ def run_torchrl(n: int, args) -> dict[str, float]:
         [make_cartpole] * n, None, frames_per_batch=args.frames_per_batch, total_frames=-1,
         collector_class=PrebuiltCollector,
     )  # fmt: skip
-    return measure(collector, args.seconds)
+    return measure(collector, args.seconds, list)
 
 
 def main() -> None:
@@ -91,14 +71,7 @@ def main() -> None:
                 raw.setdefault(str(n), {}).setdefault(side, []).append(r)
                 print(f"N={n:3d} {side:8s} {r['batches_per_s']:8.0f} batches/s  driver "
                       f"{r['driver_ms_per_batch']:.2f} ms/batch", flush=True)  # fmt: skip
-    summary = {
-        n: {
-            f"{side}_{key}": statistics.median(r[key] for r in runs)
-            for side, runs in sides.items()
-            for key in ("batches_per_s", "driver_ms_per_batch")
-        }
-        for n, sides in raw.items()
-    }
+    summary = medians(raw, ("batches_per_s", "driver_ms_per_batch"))
     save({**header("envelope", args), "raw": raw, "summary": summary}, "envelope", args.out)
     print(f"{'N':>4} {'dask batches/s':>14} {'torchrl batches/s':>17} {'dask ms/b':>10} {'torchrl ms/b':>12}")
     for n, r in summary.items():

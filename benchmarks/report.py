@@ -83,13 +83,24 @@ def tables() -> str:
     return "\n".join(out)
 
 
-def plot(png: str) -> None:
+def _figure():
+    """A figure of three panels side by side (matplotlib without a display)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4.2))
+    return plt.subplots(1, 3, figsize=(16, 4.2))
+
+
+def _save(fig, png: str) -> None:
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(png), exist_ok=True)
+    fig.savefig(png, dpi=100)
+
+
+def plot(png: str) -> None:
+    fig, (a, b, c) = _figure()
     scaling = load("scaling")
     if scaling:
         ns = sorted(int(n) for n in scaling["summary"])
@@ -125,19 +136,12 @@ def plot(png: str) -> None:
         c.axhline(2.0, color="k", lw=0.8, ls="--")
         c.set(title="P3: update time ÷ one point-to-point transfer", xlabel="workers", ylabel="ratio")
         c.legend()
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(png), exist_ok=True)
-    fig.savefig(png, dpi=100)
+    _save(fig, png)
 
 
 def plot_scale(png: str) -> None:
     """P7 and the envelope (docs/scale.md): the driver's CPU per batch, fps / ideal, batches/s."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4.2))
+    fig, (a, b, c) = _figure()
     p7 = load("driver_cost")
     if p7:
         ns = sorted(int(n) for n in p7["summary"])
@@ -159,9 +163,7 @@ def plot_scale(png: str) -> None:
         c.set(title="Envelope: batches/s, collectors that cost nothing", xlabel="collectors",
               ylabel="batches / s", xticks=ns, ylim=(0, None))  # fmt: skip
         c.legend()
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(png), exist_ok=True)
-    fig.savefig(png, dpi=100)
+    _save(fig, png)
 
 
 def main() -> None:

@@ -196,9 +196,7 @@ def _wait_for_scheduler_file(path: str, timeout: float) -> None:
     poll_until(lambda: os.path.exists(path), timeout, interval=0.1, fail=fail)
 
 
-def eligible_workers(
-    client: Client, resources: Mapping[str, float] | None, timeout: float = 30.0
-) -> list[str]:
+def eligible_workers(client: Client, resources: Mapping[str, float] | None, timeout: float) -> list[str]:
     """Addresses of the workers that declare ``resources``, in a stable order (one bounded RPC).
 
     Asks the scheduler directly: ``Client.scheduler_info()`` returns a cache
@@ -226,7 +224,7 @@ def wait_for_workers(
     found: list[str] = []
 
     def enough() -> list[str] | None:
-        found[:] = eligible_workers(client, resources)
+        found[:] = eligible_workers(client, resources, timeout)
         return list(found) if len(found) >= n else None
 
     return poll_until(enough, timeout, fail=lambda: not_enough_workers(n, len(found), resources, timeout))

@@ -204,11 +204,12 @@ class ActorPool:
             hosting = {s.address for s in self._slots}
             retiring = set(self.retiring_workers)
         eligible = eligible_workers(self.client, self.resources, self.settings.timeouts.connect)
+        listed, taken = set(eligible), hosting | retiring
         self.census = (
-            f"the scheduler lists {len(eligible)} eligible workers: {len(hosting & set(eligible))} host "
-            f"this collection's collectors, {len(retiring & set(eligible) - hosting)} are retiring"
+            f"the scheduler lists {len(eligible)} eligible workers: {len(hosting & listed)} host "
+            f"this collection's collectors, {len(retiring & listed - hosting)} are retiring"
         )
-        return [a for a in eligible if a not in hosting | retiring]
+        return [a for a in eligible if a not in taken]
 
     def live_workers(self) -> set[str]:
         """The workers the scheduler knows now (one bounded RPC)."""
@@ -358,11 +359,11 @@ class ActorPool:
             flight.outcome = (False, OSError(f"Unable to contact Actor's worker ({exc})"))
         except asyncio.CancelledError:  # the client is closing
             flight.outcome = (False, OSError("the call was cancelled: the client is closing"))
-            self._completed.put(flight)
             raise
         except Exception as exc:  # the engine decides: RolloutError raises, anything else is a loss
             flight.outcome = (False, exc)
-        self._completed.put(flight)
+        finally:
+            self._completed.put(flight)
         if slot.retiring and self.on_retiring_call_done is not None:
             await self.on_retiring_call_done(slot)
 
