@@ -40,8 +40,8 @@ from daskcollect.engine import Engine
 from daskcollect.errors import CollectorClosedError, ConfigurationError, EndlessCollectionError
 from daskcollect.iteration import AsyncIteration, SyncIteration
 from daskcollect.memmap import MemmapBatch, describe_parts
-from daskcollect.monitoring import dashboard
-from daskcollect.monitoring.reporter import Reporter
+from daskcollect.monitoring import dashboard, display
+from daskcollect.monitoring.reporter import Reporter, check_logger
 from daskcollect.serialization import register_serializers
 from daskcollect.settings import Settings
 from daskcollect.spec import CollectionSpec
@@ -132,6 +132,10 @@ class DaskCollector(BaseCollector):
         max_collector_restarts: Replacements of lost or stuck collectors and
             env rebuilds allowed in total (docs/fault_tolerance.md).
         on_env_error: ``"raise"`` (default) or ``"restart"`` the collector.
+        logger: A TorchRL ``Logger`` (``torchrl.record.loggers``): each report
+            interval it gets the scalars of :meth:`stats` (``collector/fps``,
+            ``collector/episode_return_mean``...), the frame count as the step.
+            One that raises is warned about once and never stops collection.
 
     Examples:
         >>> from daskcollect import DaskCollector
@@ -190,6 +194,7 @@ class DaskCollector(BaseCollector):
         max_unreleased: int | None = None,
         max_collector_restarts: int | None = None,
         on_env_error: str = "raise",
+        logger: Any = None,
         **ray_only: Any,
     ):
         super().__init__()
@@ -204,6 +209,7 @@ class DaskCollector(BaseCollector):
         self.engine: Engine | None = None
         self.settings = Settings.load()
         self.spec = CollectionSpec.from_keywords(self.settings, keywords)
+        self.logger = check_logger(logger)
         _dask.check_version()
 
         # TorchRL-facing attributes.
@@ -242,7 +248,9 @@ class DaskCollector(BaseCollector):
         self._handle = connect(spec.cluster, n_workers=n or 1, settings=settings)
         client = self._handle.client
         report_id = f"{socket.gethostname()}-{os.getpid()}-{id(self) & 0xFFFFFF:06x}"
-        self._reporter = Reporter(client, report_id, settings.report_interval, settings.timeouts.call)
+        self._reporter = Reporter(
+            client, report_id, settings.report_interval, settings.timeouts.call, self.logger
+        )
         if n is None:
             resources = spec.cluster.worker_resources
             wait_for_workers(client, 1, resources, settings.timeouts.workers)
@@ -252,7 +260,7 @@ class DaskCollector(BaseCollector):
         self._plugin_name = f"daskcollect-{id(self):x}"
         client.register_plugin(WorkerSetup(spec.cluster.worker_env, settings.worker), name=self._plugin_name)
         retirement.install_retirement_hook(client, settings.timeouts.retire)
-        dashboard.install_monitor(client)
+        dashboard.install_monitor(client, settings.history)
         module = self.policy if isinstance(self.policy, torch.nn.Module) else None
         self.engine = Engine(client, spec, settings, n, recipes, module)
         self.engine.start()
@@ -337,6 +345,18 @@ class DaskCollector(BaseCollector):
             f"DaskCollector(num_collectors={self.num_collectors}, {mode}, "
             f"frames_per_batch={self.frames_per_batch}, total_frames={self.total_frames}, {state})"
         )
+
+    def _repr_html_(self) -> str:
+        """Jupyter's view: mode, collectors, frames so far, and links to the dashboard and ``/daskcollect``."""
+        client = self.client
+        summary = {
+            "mode": "sync" if self.spec.batch.sync else "async",
+            "state": "closed" if self._closed else "open",
+            "frames_per_batch": self.frames_per_batch,
+            "dashboard": self.dashboard_link,
+            "scheduler": getattr(getattr(client, "scheduler", None), "address", None),
+        }
+        return display.render(summary, self.stats())
 
     # --- iteration ----------------------------------------------------------
     def __iter__(self) -> Iterator[TensorDictBase | None]:
@@ -477,6 +497,7 @@ class DaskCollector(BaseCollector):
             **self.stats(),
             "mode": "sync" if self.spec.batch.sync else "async",
             "fps": self._frames / elapsed if elapsed > 0 else 0.0,
+            "time": time.time(),
         }
 
     # --- weights ------------------------------------------------------------
@@ -587,7 +608,7 @@ class DaskCollector(BaseCollector):
         if self.engine is not None:
             self._last_count = len(self.engine.pool.slots)
             if self._reporter is not None:
-                self._reporter.report(self._snapshot, "closed", force=True)
+                self._reporter.close(self._snapshot)
             self.engine.close(timeout)
         if self._driver_threads is not None:
             torch.set_num_threads(self._driver_threads)

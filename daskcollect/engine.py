@@ -28,6 +28,7 @@ from daskcollect.errors import ConfigurationError, NotEnoughWorkersError
 from daskcollect.membership import JoinWatch
 from daskcollect.memmap import MemmapLedger
 from daskcollect.monitoring.stats import CollectionStats, CollectorStats, FailureCounters
+from daskcollect.monitoring.telemetry import Telemetry
 from daskcollect.polling import poll_until
 from daskcollect.pool import ActorPool, CollectorLost, Slot
 from daskcollect.retirement import RetirementWatcher
@@ -87,6 +88,7 @@ class Engine:
         self.client, self.spec, self.settings = client, spec, settings
         self.requested = num_collectors
         self.failures = FailureCounters()
+        self.telemetry = Telemetry(settings.episode_window)
         self._recipes = dict(enumerate(recipes))
         self._weights_source = weights_source
         self._known_workers: set[str] = set()
@@ -261,6 +263,7 @@ class Engine:
             self.failures.check_budget(self.spec.faults.max_collector_restarts)
             return Lost(rollout.index, self.pool.slot(rollout.index))
         self.router.loaded(slot.index, rollout.policy_version)
+        self.telemetry.record(rollout, self.router.version - rollout.policy_version)
         return rollout
 
     def _frames_each(self) -> int:
@@ -357,6 +360,7 @@ class Engine:
         return CollectionStats(
             failures=self.failures,
             live_collectors=len(slots),
+            telemetry=self.telemetry.collection([s.index for s in slots]),
             collectors=tuple(
                 CollectorStats(
                     index=s.index,
@@ -368,6 +372,7 @@ class Engine:
                     fps=s.frames / s.seconds if s.seconds else 0.0,
                     policy_version=s.policy_version,
                     weights_route=self.router.route(s.index),
+                    **self.telemetry.collector(s.index),
                 )
                 for s in slots
             ),

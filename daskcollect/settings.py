@@ -116,6 +116,8 @@ class Settings:
     restart_delay: float
     max_collector_restarts: int
     report_interval: float
+    history: float
+    episode_window: int
     async_depth: int
     driver_torch_threads: int | str | None
     shared_memory_dir: str | None
@@ -146,6 +148,8 @@ class Settings:
             restart_delay=_seconds(section, "restart-delay"),
             max_collector_restarts=section["max-collector-restarts"],
             report_interval=_seconds(section, "dashboard.report-interval"),
+            history=_seconds(section, "dashboard.history"),
+            episode_window=section["dashboard"]["episode-window"],
             async_depth=section["async-depth"],
             driver_torch_threads=section["driver"]["torch-threads"],
             shared_memory_dir=weights["shared-memory-dir"] if weights["shared-memory"] else None,

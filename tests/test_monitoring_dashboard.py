@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -89,16 +90,33 @@ def wait_for_report(collector: DaskCollector, frames: int, timeout: float = 30) 
     time.sleep(1.5)  # one report interval
 
 
+def page_json(cluster) -> dict:
+    return json.loads(
+        urllib.request.urlopen(dashboard_base(cluster) + "/daskcollect/json", timeout=10).read()
+    )
+
+
+def wait_for_history(cluster, points: int, timeout: float = 30) -> None:
+    """Until a collecting collection has ``points`` points of history on the scheduler."""
+    deadline = time.monotonic() + timeout
+    while not any(
+        c["state"] == "collecting" and len(c["history"]) >= points for c in page_json(cluster).values()
+    ):
+        assert time.monotonic() < deadline, f"no collection reached {points} points of history"
+        time.sleep(0.5)
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
 def test_page_in_headless_chromium(cluster, client, tmp_path):
     url = dashboard_base(cluster) + "/daskcollect"
     with Collecting(client) as collector:
         wait_for_report(collector, frames=2000)
+        wait_for_history(cluster, points=4)
         # The page refreshes itself every 2 s: a virtual-time budget near 2000 ms lets the refresh
         # start as the budget runs out, and Chromium then prints the empty document it navigates to.
         dom = chromium(tmp_path, "--virtual-time-budget=500", "--dump-dom", url)
         shot = os.environ.get("DASKCOLLECT_SCREENSHOT") or str(tmp_path / "dashboard.png")
-        chromium(tmp_path, "--window-size=1100,420", f"--screenshot={shot}", url)
+        chromium(tmp_path, "--window-size=1100,900", f"--screenshot={shot}", url)
         workers = collector.workers
     assert "daskcollect: collectors" in dom and "(collecting)" in dom
     for address in workers:  # one row per collector, naming its worker
@@ -107,6 +125,17 @@ def test_page_in_headless_chromium(cluster, client, tmp_path):
     cells = re.findall(r"<td>([^<]*)</td>", totals)
     assert cells[0] == "async" and int(cells[1]) >= 2000 and cells[4] == "2"  # mode, frames, live
     assert os.path.getsize(shot) > 5000  # a rendered page, not an empty image
+    # The charts, as Chromium drew them: count the points of each series and the bars.
+    charts = re.search(r'<div class="charts".*?</div>', dom, re.S).group(0)
+    assert charts.count("<svg") == 5
+    series = {name: int(n) for name, n in re.findall(r'data-series="([^"]+)" data-points="(\d+)"', charts)}
+    assert series["total"] >= 3 and series["collector 0"] >= 3 and series["collector 1"] >= 3  # frames/s
+    assert series["mean"] >= 3 and series["max"] >= 3  # policy lag
+    assert series["return"] >= 3 and series["length"] >= 3  # episodes
+    paths = re.findall(r'<path class="series"[^>]* d="([^"]+)"', charts)
+    assert all(d.count("L") >= 2 for d in paths)  # drawn lines, not single points
+    bars = re.findall(r'<rect class="bar" data-part="(\w+)"', charts)
+    assert bars.count("env") == 2 and bars.count("policy") == 2  # one stacked bar per collector
 
 
 def test_prometheus_metrics_and_json(cluster, client):
@@ -119,6 +148,26 @@ def test_prometheus_metrics_and_json(cluster, client):
     assert series and max(float(v) for v in series.values()) >= 1000
     assert 'daskcollect_collector_policy_version{collection="' in metrics
     assert '"live_collectors": 2' in page
+
+
+def test_page_numbers_match_stats(cluster, client):
+    # 2,100 frames: no other collection of this module delivers as many.
+    with DaskCollector(
+        make_cartpole, frames_per_batch=100, total_frames=2100, num_collectors=2, client=client
+    ) as c:
+        frames = sum(b.numel() for b in c)
+        stats = c.stats()
+    (page,) = [p for p in page_json(cluster).values() if p["state"] == "closed" and p["frames"] == 2100]
+    assert frames == 2100
+    for key in ("frames", "batches", "episodes", "episode_return_mean", "episode_length_mean", "policy_lag",
+                "time_split", "restarts", "frames_lost", "live_collectors"):  # fmt: skip
+        assert page[key] == stats[key], key
+    for shown, row in zip(page["collectors"], stats["collectors"]):
+        assert (shown["frames"], shown["episodes"], shown["episode_return_mean"]) == (
+            row["frames"], row["episodes"], row["episode_return_mean"],
+        )  # fmt: skip
+    html = urllib.request.urlopen(dashboard_base(cluster) + "/daskcollect", timeout=10).read().decode()
+    assert f"<td>{stats['episode_return_mean']:,.2f}</td>" in html and f"<td>{stats['episodes']}</td>" in html
 
 
 def test_closed_collection_is_marked(cluster, client):

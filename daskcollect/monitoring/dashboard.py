@@ -8,9 +8,12 @@ scheduler as a Dask event (topic :data:`STATS_TOPIC`, at most once per
 serves them on the dashboard's own HTTP server (same host and port):
 
 - ``/daskcollect``: an HTML page (refreshing itself, rendered from the Jinja
-  template ``templates/daskcollect.html.j2``) with one table of totals per
-  collection and one row per collector;
-- ``/daskcollect/json``: the same snapshots as JSON;
+  template ``templates/daskcollect.html.j2``) with, per collection, a table of
+  totals, one row per collector, and SVG charts of the last few minutes
+  (frames/s, policy lag, episode return and length, restarts and lost
+  rollouts as marks, and each collector's time split), drawn from a bounded
+  :class:`~daskcollect.monitoring.history.History` per collection;
+- ``/daskcollect/json``: the same snapshots, each with its ``history``, as JSON;
 - ``/metrics``: ``daskcollect_*`` series beside Dask's own Prometheus metrics
   (with ``prometheus_client`` installed, as for Dask's).
 """
@@ -26,6 +29,10 @@ from typing import Any
 import jinja2
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado import web
+
+from daskcollect.monitoring import charts
+from daskcollect.monitoring.history import History
+from daskcollect.worker.probes import TIME_PARTS
 
 STATS_TOPIC = "daskcollect-stats"
 MONITOR_PLUGIN = "daskcollect-monitor"
@@ -46,15 +53,23 @@ def _totals(c: dict) -> list[tuple[str, Any]]:
         ("frames/s", _rate(c.get("fps"))), ("live collectors", c.get("live_collectors")),
         ("restarts", c.get("restarts")), ("frames lost", c.get("frames_lost")),
         ("retired", c.get("retired")), ("policy version", c.get("policy_version")),
+        ("policy lag", _mean(c.get("policy_lag"))), ("episodes", c.get("episodes")),
+        ("return (mean)", _mean(c.get("episode_return_mean"))),
+        ("length (mean)", _mean(c.get("episode_length_mean"))),
     ]  # fmt: skip
 
 
+def _mean(value: Any) -> str | None:
+    return f"{value:,.2f}" if isinstance(value, (int, float)) else None
+
+
+# A snapshot may lack fields (sent by another daskcollect version): show those empty.
 def _show(value: Any) -> str:
-    return "" if value is None else str(value)
+    return "" if value is None or isinstance(value, jinja2.Undefined) else str(value)
 
 
 def _rate(value: Any) -> str:
-    return "" if value is None else f"{value:,.0f}"
+    return f"{value:,.0f}" if isinstance(value, (int, float)) else ""
 
 
 class CollectorMonitor(SchedulerPlugin):
@@ -63,8 +78,10 @@ class CollectorMonitor(SchedulerPlugin):
     name = MONITOR_PLUGIN
     idempotent = True
 
-    def __init__(self) -> None:
+    def __init__(self, history: float = 300.0) -> None:
         self.collections: dict[str, dict[str, Any]] = {}
+        self.history_seconds = history
+        self.histories: dict[str, History] = {}
 
     async def start(self, scheduler: Any) -> None:
         app = getattr(scheduler, "http_application", None)
@@ -88,15 +105,69 @@ class CollectorMonitor(SchedulerPlugin):
     def log_event(self, topic: str, msg: Any) -> None:
         if topic == STATS_TOPIC and isinstance(msg, dict) and "id" in msg:
             self.collections[msg["id"]] = {**msg, "received": time.time()}
+            self.histories.setdefault(msg["id"], History(self.history_seconds)).add(msg)
             # Closed collections stay visible, but only the last 20 of them.
             closed = [k for k, v in self.collections.items() if v.get("state") == "closed"]
             for key in closed[:-20]:
                 del self.collections[key]
+                self.histories.pop(key, None)
 
     def render(self) -> str:
         """The ``/daskcollect`` page."""
         ordered = sorted(self.collections.items(), key=lambda kv: -kv[1]["received"])
-        return _template().render(collections=ordered, totals=_totals, show=_show, rate=_rate)
+        figures = {cid: self.charts(cid) for cid, _ in ordered}
+        return _template().render(
+            collections=ordered, totals=_totals, show=_show, rate=_rate, mean=_mean, charts=figures
+        )
+
+    def charts(self, cid: str) -> list[Any]:
+        """The SVG charts of collection ``cid`` (none before its second report)."""
+        history, latest = self.histories.get(cid), self.collections.get(cid, {})
+        if history is None or len(history.points) < 2:
+            return []
+        now = history.points[-1]["t"]
+        # The axis grows with the collection, from a minute up to the whole history.
+        span = min(max(now - history.points[0]["t"], 60.0), self.history_seconds)
+        marks = history.marks()
+        palette = charts.PALETTE
+        per = history.collector_series()
+        lines = [charts.Series("total", history.series("fps"), "#222", 2.0)]
+        if len(per) <= 16:
+            lines += [
+                charts.Series(f"collector {i}", pts, palette[n % len(palette)])
+                for n, (i, pts) in enumerate(per.items())
+            ]
+        splits = [
+            (f"collector {row['index']}", row["time_split"])
+            for row in latest.get("collectors") or []
+            if row.get("time_split")
+        ]
+        out = [
+            charts.line_chart("frames/s", lines, now, span, marks),
+            charts.line_chart(
+                "policy lag (weight versions behind the driver)",
+                [
+                    charts.Series("mean", history.series("policy_lag"), palette[0], 2.0),
+                    charts.Series("max", history.series("policy_lag_max"), palette[3]),
+                ],
+                now, span, marks,
+            ),
+            charts.line_chart(
+                "episode return (rolling mean)",
+                [charts.Series("return", history.series("episode_return_mean"), palette[2], 2.0)],
+                now, span, marks,
+            ),
+            charts.line_chart(
+                "episode length (rolling mean, steps)",
+                [charts.Series("length", history.series("episode_length_mean"), palette[4], 2.0)],
+                now, span, marks,
+            ),
+        ]  # fmt: skip
+        if splits:
+            out.append(
+                charts.stacked_bars("time per rollout, by part (last 20 rollouts)", splits, TIME_PARTS)
+            )
+        return out
 
 
 class _PageHandler(web.RequestHandler):
@@ -114,7 +185,18 @@ class _JsonHandler(web.RequestHandler):
 
     def get(self) -> None:
         self.set_header("Content-Type", "application/json")
-        self.write(json.dumps(self.monitor.collections))
+        monitor = self.monitor
+        self.write(
+            json.dumps(
+                {
+                    cid: {
+                        **c,
+                        "history": monitor.histories[cid].as_list() if cid in monitor.histories else [],
+                    }
+                    for cid, c in monitor.collections.items()
+                }
+            )
+        )
 
 
 class _PrometheusCollector:
@@ -156,6 +238,12 @@ class _PrometheusCollector:
             "daskcollect_frames_per_second", "Frames/s since the first batch", labels=label
         )
         live = GaugeMetricFamily("daskcollect_live_collectors", "Collectors running", labels=label)
+        returns = GaugeMetricFamily(
+            "daskcollect_episode_return_mean", "Mean return of the recent episodes", labels=label
+        )
+        lag = GaugeMetricFamily(
+            "daskcollect_policy_lag", "Mean weight versions recent rollouts were behind", labels=label
+        )
         per = ["collection", "collector", "worker"]
         c_frames = CounterMetricFamily("daskcollect_collector_frames", "Frames of one collector", labels=per)
         c_fps = GaugeMetricFamily("daskcollect_collector_frames_per_second", "Rollout frames/s", labels=per)
@@ -169,23 +257,32 @@ class _PrometheusCollector:
             restarts.add_metric([cid], c.get("restarts", 0))
             fps.add_metric([cid], c.get("fps") or 0.0)
             live.add_metric([cid], c.get("live_collectors", 0))
+            if c.get("episode_return_mean") is not None:
+                returns.add_metric([cid], c["episode_return_mean"])
+            if c.get("policy_lag") is not None:
+                lag.add_metric([cid], c["policy_lag"])
             for row in c.get("collectors", []):
                 labels = [cid, str(row["index"]), str(row["worker"])]
                 c_frames.add_metric(labels, row.get("frames", 0))
                 c_fps.add_metric(labels, row.get("fps") or 0.0)
                 c_version.add_metric(labels, row.get("policy_version") or 0)
-        yield from (frames, lost, restarts, fps, live, c_frames, c_fps, c_version)
+        yield from (frames, lost, restarts, fps, live, returns, lag, c_frames, c_fps, c_version)
 
 
-def install_monitor(client: Any) -> bool:
+def install_monitor(client: Any, history: float) -> bool:
     """Installs :class:`CollectorMonitor` on the client's scheduler (once per scheduler).
+
+    Args:
+        client: Our ``Client``.
+        history: Seconds of history the charts keep (``daskcollect.dashboard.history``);
+            the first collection on a scheduler sets it.
 
     Returns:
         ``False`` where the scheduler cannot load it; the collection then runs
         without a dashboard page.
     """
     try:
-        client.register_plugin(CollectorMonitor(), name=MONITOR_PLUGIN)
+        client.register_plugin(CollectorMonitor(history), name=MONITOR_PLUGIN)
     except Exception:
         return False
     return True

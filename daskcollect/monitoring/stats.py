@@ -67,6 +67,15 @@ class CollectorStats:
         policy_version: The weights version of its last rollout.
         weights_route: How it got its latest weights: ``"shared-memory"``,
             ``"dask"``, or ``None`` (only those it was built with).
+        episodes: Episodes that ended in its rollouts.
+        episode_return_mean: Mean return of its last ``episode-window``
+            episodes (``None`` before the first).
+        episode_length_mean: Their mean length in steps.
+        policy_lag: Weight versions its last rollout was behind the driver's
+            when it arrived.
+        time_split: Mean seconds per rollout, over its last 20, spent on
+            ``env`` steps, ``policy`` calls, loading ``weights``, ``output``
+            (labelling, memmap or replay-buffer writes) and ``other``.
     """
 
     index: int
@@ -78,6 +87,11 @@ class CollectorStats:
     fps: float
     policy_version: int
     weights_route: str | None
+    episodes: int = 0
+    episode_return_mean: float | None = None
+    episode_length_mean: float | None = None
+    policy_lag: int | None = None
+    time_split: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -88,16 +102,23 @@ class CollectionStats:
         failures: Losses, restarts and retirements.
         live_collectors: Collectors running now.
         collectors: One entry per live collector, in index order.
+        telemetry: ``episodes``, ``episode_return_mean`` and
+            ``episode_length_mean`` (last ``episode-window`` episodes of all
+            collectors), ``policy_lag`` (mean over as many recent rollouts of
+            the versions they were behind the driver's), ``policy_lag_max`` and
+            ``time_split`` (the collectors' mean).
     """
 
     failures: FailureCounters
     live_collectors: int
     collectors: tuple[CollectorStats, ...] = ()
+    telemetry: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         """The flat dict that ``stats()`` returns and the dashboard receives."""
         return {
             **self.failures.as_dict(),
             "live_collectors": self.live_collectors,
+            **self.telemetry,
             "collectors": [asdict(c) for c in self.collectors],
         }

@@ -24,6 +24,7 @@ from tensordict import TensorDictBase
 from daskcollect.errors import RolloutError, SharedFilesystemError
 from daskcollect.memmap import check_writable, write_batch
 from daskcollect.weights.payload import WeightsRef
+from daskcollect.worker.probes import EpisodeTracker, TimeSplit
 from daskcollect.worker.rollout import TRAJ_ID_BITS, ActorSpec, Rollout
 
 
@@ -48,6 +49,8 @@ class CollectorActor:
         self._weights: TensorDictBase | None = None  # the last weights loaded, kept for rebuilds
         self._offered: WeightsRef | None = None  # the newest weights the driver announced
         self._shared = spec.shared_memory is not None and spec.shared_memory.matches()
+        self._episodes = EpisodeTracker()
+        self._split = TimeSplit()
         self._build()
         if spec.seed is not None:
             self.set_seed(spec.seed)
@@ -87,6 +90,8 @@ class CollectorActor:
 
     def _build(self) -> None:
         self._collector = self._recipe.build(self.where)
+        self._split.instrument(self._collector)
+        self._episodes.reset()
         self._iterator = iter(self._collector)
         if self._weights is not None:
             self._collector.update_policy_weights_(self._weights)
@@ -110,10 +115,13 @@ class CollectorActor:
                 traceback, if the env or the policy raised.
         """
         start, cpu0 = time.perf_counter(), time.thread_time()
+        self._split.start()
         try:
             newest = self._newest(weights)
             if newest is not None:
+                loading = time.perf_counter()
                 self._load(newest)
+                self._split.add("weights", time.perf_counter() - loading)
             batch = next(self._iterator)
         except Exception as exc:
             if not self.spec.restart_env_on_error:
@@ -124,15 +132,22 @@ class CollectorActor:
                     index=self.spec.index,
                 ) from None
             return self._record(start, cpu0, error=self._rebuild_after(exc))
-        batch = self._label(batch)
-        frames, batch_size = batch.numel(), batch.batch_size
+        episodes = self._episodes.update(batch)
+        writing = time.perf_counter()
+        out = self._deliver(self._label(batch))
+        self._split.add("output", time.perf_counter() - writing)
+        return self._record(start, cpu0, episodes=episodes, **out)
+
+    def _deliver(self, batch: TensorDictBase) -> dict[str, Any]:
+        """Hands the batch on (returned, written to a memory map, or into the replay buffer)."""
+        out: dict[str, Any] = {"frames": batch.numel(), "batch_size": batch.batch_size}
         if self.spec.replay_buffer is not None:
             self._extend_buffer(batch)
-            return self._record(start, cpu0, batch_size=batch_size, frames=frames)
-        if self.spec.memmap_root is None:
-            return self._record(start, cpu0, batch=batch, batch_size=batch_size, frames=frames)
-        path = self._write(batch)
-        return self._record(start, cpu0, path=path, batch_size=batch_size, frames=frames)
+        elif self.spec.memmap_root is None:
+            out["batch"] = batch
+        else:
+            out["path"] = self._write(batch)
+        return out
 
     def _label(self, batch: TensorDictBase) -> TensorDictBase:
         """Moves the batch to CPU and writes its provenance into it."""
@@ -172,15 +187,19 @@ class CollectorActor:
                 path=root,
             ) from None
 
-    def _record(self, start: float, cpu0: float, **fields: Any) -> Rollout:
+    def _record(self, start: float, cpu0: float, episodes: tuple | None = None, **fields: Any) -> Rollout:
         """The rollout record (the one place it is built); counts the rollout."""
+        seconds = time.perf_counter() - start
         out = Rollout(
             index=self.spec.index,
             uid=self.spec.uid,
             rollout_id=self.rollouts,
             policy_version=self.policy_version,
-            seconds=time.perf_counter() - start,
+            seconds=seconds,
             cpu_seconds=time.thread_time() - cpu0,
+            episode_returns=episodes[0] if episodes else None,
+            episode_lengths=episodes[1] if episodes else None,
+            time_split=self._split.finish(seconds),
             **fields,
         )
         self.rollouts += 1

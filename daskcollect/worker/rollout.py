@@ -67,6 +67,12 @@ class Rollout:
         frames: Frames in the batch.
         error: With ``on_env_error="restart"``: the error that ended this
             rollout (its frames are dropped whole, and the collector was rebuilt).
+        episode_returns: Returns of the episodes that ended in this rollout
+            (carried across rollouts per env), or ``None`` when the batch has
+            no ``("next", "reward")`` / ``("next", "done")``.
+        episode_lengths: Their lengths in steps.
+        time_split: Seconds of the rollout spent in each of
+            :data:`~daskcollect.worker.probes.TIME_PARTS`.
     """
 
     index: int
@@ -80,3 +86,6 @@ class Rollout:
     batch_size: torch.Size = torch.Size([])
     frames: int = 0
     error: str | None = None
+    episode_returns: tuple[float, ...] | None = None
+    episode_lengths: tuple[int, ...] | None = None
+    time_split: dict[str, float] | None = None
