@@ -19,8 +19,8 @@ demo: install
 	$(VENV)/bin/daskcollect run --env CartPole-v1 --collectors 2 --frames 20000
 
 lint: install
-	$(VENV)/bin/ruff check daskcollect tests benchmarks examples conftest.py
-	$(VENV)/bin/ruff format --check daskcollect tests benchmarks examples conftest.py
+	$(VENV)/bin/ruff check daskcollect tests benchmarks examples tools conftest.py
+	$(VENV)/bin/ruff format --check daskcollect tests benchmarks examples tools conftest.py
 
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -d site
