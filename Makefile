@@ -43,6 +43,7 @@ bench: install
 	$(PY) benchmarks/driver_cost.py --collectors 8 16 32 --pairs 3
 	$(PY) benchmarks/driver_cost.py --collectors 16 --pairs 3 --external
 	$(PY) benchmarks/envelope.py --collectors 2 4 8 16 --pairs 2
+	$(PY) benchmarks/probes_overhead.py --pairs 7
 	$(PY) benchmarks/report.py
 
 # Every benchmark with tiny budgets, into a scratch folder: they keep working (CI runs this).
@@ -60,6 +61,7 @@ bench-smoke: install
 	$(PY) benchmarks/cold_start.py --repeats 1 --frames 2000 --out $(SMOKE)/cold.json
 	$(PY) benchmarks/driver_cost.py --collectors 2 --seconds 1 --pairs 1 --out $(SMOKE)/p7.json
 	$(PY) benchmarks/envelope.py --collectors 2 --seconds 1 --pairs 1 --out $(SMOKE)/envelope.json
+	$(PY) benchmarks/probes_overhead.py --pairs 1 --batches 3 --out $(SMOKE)/p10.json
 	cp docs/benchmarks.md $(SMOKE)/benchmarks.md
 	$(PY) benchmarks/report.py --doc $(SMOKE)/benchmarks.md --png $(SMOKE)/benchmarks.png --scale-png $(SMOKE)/scale.png
 	rm -rf $(SMOKE)

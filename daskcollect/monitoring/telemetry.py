@@ -7,6 +7,7 @@ with memmap output and with the cluster's replay buffer.
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -61,11 +62,15 @@ class _CollectorTelemetry:
 class Telemetry:
     """Rolling episode statistics, policy lag and time split, overall and per collector index.
 
+    ``stats()`` may be called from any thread while the iteration (or a
+    background collection) records rollouts, so both sides take one lock.
+
     Args:
         episode_window: Episodes the return and length means cover.
     """
 
     def __init__(self, episode_window: int):
+        self._lock = threading.Lock()
         self.window = episode_window
         self.episodes = EpisodeWindow(episode_window)
         self.lags: deque[int] = deque(maxlen=episode_window)
@@ -73,6 +78,10 @@ class Telemetry:
 
     def record(self, rollout: Rollout, lag: int) -> None:
         """Takes in one delivered rollout, ``lag`` weight versions behind the driver's."""
+        with self._lock:
+            self._record(rollout, lag)
+
+    def _record(self, rollout: Rollout, lag: int) -> None:
         own = self._collectors.get(rollout.index)
         if own is None:
             own = self._collectors[rollout.index] = _CollectorTelemetry(EpisodeWindow(self.window))
@@ -86,16 +95,21 @@ class Telemetry:
 
     def collector(self, index: int) -> dict:
         """One collector's figures (empty figures before its first rollout)."""
+        with self._lock:
+            return self._collector(index)
+
+    def _collector(self, index: int) -> dict:
         own = self._collectors.get(index) or _CollectorTelemetry(EpisodeWindow(self.window))
         return {**own.episodes.as_dict(), "policy_lag": own.policy_lag, "time_split": own.time_split()}
 
     def collection(self, indices: list[int]) -> dict:
         """The collection's figures; the time split is the mean over the collectors ``indices``."""
-        splits = [s for i in indices if (s := self.collector(i)["time_split"]) is not None]
-        split = {p: sum(s[p] for s in splits) / len(splits) for p in TIME_PARTS} if splits else None
-        return {
-            **self.episodes.as_dict(),
-            "policy_lag": _mean(self.lags),
-            "policy_lag_max": max(self.lags, default=None),
-            "time_split": split,
-        }
+        with self._lock:
+            splits = [s for i in indices if (s := self._collector(i)["time_split"]) is not None]
+            split = {p: sum(s[p] for s in splits) / len(splits) for p in TIME_PARTS} if splits else None
+            return {
+                **self.episodes.as_dict(),
+                "policy_lag": _mean(self.lags),
+                "policy_lag_max": max(self.lags, default=None),
+                "time_split": split,
+            }
