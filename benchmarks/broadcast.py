@@ -40,21 +40,12 @@ import torch
 from _common import header, save
 from distributed import Client, LocalCluster
 from tensordict.nn import TensorDictModule
-from torch import nn
 
 from daskcollect import DaskCollector
-from daskcollect.testing import ArgmaxPolicy, make_cartpole
+from daskcollect.testing import BallastPolicy, make_cartpole
 from daskcollect.weights import WeightsPayload, extract_weights
 
 warnings.filterwarnings("ignore")
-
-
-class BallastPolicy(ArgmaxPolicy):
-    """CartPole's argmax policy with ``nbytes`` of unused float32 weights."""
-
-    def __init__(self, nbytes: int):
-        super().__init__()
-        self.ballast = nn.Parameter(torch.zeros(max(nbytes // 4 - 10, 1)))
 
 
 def seconds(fn) -> float:
@@ -69,12 +60,14 @@ def after_warmup(measure_once, repeats: int, warmup: int) -> list[float]:
 
 
 def time_update(
-    client: Client, module: BallastPolicy, policy, n: int, repeats: int, warmup: int
+    client: Client | str, module: BallastPolicy, policy, n: int, repeats: int, warmup: int, **kwargs
 ) -> list[float]:
-    """Per-repeat seconds of an update until every collector has loaded it (see the docstring)."""
+    """Per-repeat seconds of an update until every collector has loaded it (see the docstring);
+    ``kwargs`` go to ``DaskCollector``."""
     with DaskCollector(
-        make_cartpole, policy, frames_per_batch=n, total_frames=-1, num_collectors=n, sync=True, client=client
-    ) as collector:
+        make_cartpole, policy, frames_per_batch=n, total_frames=-1, num_collectors=n, sync=True, client=client,
+        **kwargs,
+    ) as collector:  # fmt: skip
         it = iter(collector)
         next(it)
 

@@ -1,6 +1,6 @@
 """Every use of Dask's private internals, in one place and checked against the installed version.
 
-daskcollect needs six things that ``distributed`` does not offer publicly. Each
+daskcollect needs seven things that ``distributed`` does not offer publicly. Each
 accessor below checks that the internal is still there and raises
 :class:`~daskcollect.errors.DaskVersionError`, naming it and the versions
 daskcollect was tested with, instead of an ``AttributeError`` deep inside a
@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import distributed
+from distributed.comm.addressing import get_address_host
 from distributed.protocol import to_serialize
 from packaging.version import Version
 
@@ -122,8 +123,16 @@ def tick_callback(worker: Any) -> Any | None:
         raise _missing("Worker.periodic_callbacks", exc) from None
 
 
+def add_handlers(worker: Any, handlers: dict[str, Callable]) -> None:
+    """Adds request handlers to the worker's server (what ``rpc(worker).<name>(...)`` calls)."""
+    try:
+        worker.handlers.update(handlers)
+    except AttributeError as exc:
+        raise _missing("Worker.handlers", exc) from None
+
+
 async def fetch_from_peers(worker: Any, key: str) -> Any:
-    """Fetches the data of ``key`` from a worker that holds it (from an actor's worker).
+    """Fetches the data of ``key`` from a worker that holds it, on this host if one does (from an actor's worker).
 
     A ``Future`` made in an actor thread never resolves, so the actor asks the
     scheduler who holds the key and gets it from that worker directly.
@@ -138,6 +147,9 @@ async def fetch_from_peers(worker: Any, key: str) -> Any:
     except (ImportError, AttributeError) as exc:
         raise _missing("distributed.worker.get_data_from_worker / Scheduler.who_has", exc) from None
     holders = (await who_has(keys=[key])).get(key, [])
+    here = get_address_host(worker.address)
+    # A holder on this host first: a copy over the loopback, not over the host's link.
+    holders = sorted(holders, key=lambda a: get_address_host(a) != here)
     for address in holders:
         response = await get_data_from_worker(worker.rpc, [key], address, who=worker.address)
         if response.get("status") == "OK" and key in response["data"]:

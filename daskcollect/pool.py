@@ -235,7 +235,7 @@ class ActorPool:
         todo = [t for t in todo if t[0] not in lost]
         try:
             blobs = self._send_recipes(todo)
-        except (OSError, TimeoutError) as exc:  # a target left: this attempt is lost
+        except (OSError, TimeoutError, KeyError) as exc:  # a target left (the scheduler no longer knows it)
             logger.info("could not send the recipe (%s: %s)", type(exc).__name__, exc)
             return [], lost + [t[0] for t in todo]
         uids = [next(self._uids) for _ in todo]

@@ -55,6 +55,14 @@ class ArgmaxPolicy(nn.Module):
         return nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(torch.int64)
 
 
+class BallastPolicy(ArgmaxPolicy):
+    """CartPole's argmax policy with ``nbytes`` of unused float32 weights (weight-transfer benchmarks)."""
+
+    def __init__(self, nbytes: int):
+        super().__init__()
+        self.ballast = nn.Parameter(torch.zeros(max(nbytes // 4 - 10, 1)))
+
+
 def cartpole_policy(seed: int = 0) -> TensorDictModule:
     """A deterministic CartPole policy with seeded weights."""
     torch.manual_seed(seed)

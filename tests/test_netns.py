@@ -1,18 +1,15 @@
-"""Cross-host run: the scheduler and each worker in their own Linux network namespace.
+"""Cross-host runs: the scheduler and the workers in their own Linux network namespaces.
 
 The hosts are linked by veth pairs to a bridge in the test's namespace, with their own addresses in
 10.213.0.0/24; the driver (this process) connects over real TCP. Mid-run, one worker's link is cut
-(`ip link set ... down`): the collector drops that worker and completes. Traffic goes only to the
-addresses of these test hosts. Every process and namespace the test makes is removed, even on failure.
+(`ip link set ... down`): the collector drops that worker and completes. Weights updates reach every
+worker of every host through the Dask route (copied host to host, then within each host). Traffic
+goes only to the addresses of these test hosts. Every process and namespace the tests make is
+removed, even on failure.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import subprocess
-import sys
 import time
 
 import dask
@@ -20,89 +17,37 @@ import pytest
 import torch
 
 from daskcollect import DaskCollector
-from daskcollect.testing import make_cartpole
+from daskcollect.netns import FAST_FAILURE_ENV, SimulatedHosts, unavailable
+from daskcollect.testing import constant_action_policy, make_cartpole, set_constant_action
 
 SUBNET = "10.213.0"
-BRIDGE = "dcbr0"
 HOSTS = ["sched", "w1", "w2", "w3"]
 
 
-def sh(*args: str) -> None:
-    subprocess.run(args, check=True, capture_output=True, timeout=30)
-
-
-def netns_unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root to create network namespaces"
-    if shutil.which("ip") is None:
-        return "needs iproute2's `ip`"
-    try:
-        sh("ip", "netns", "add", "dc-probe")
-        sh("ip", "netns", "del", "dc-probe")
-    except (subprocess.CalledProcessError, OSError) as exc:
-        return f"cannot create network namespaces here: {exc}"
-    return None
+def rig_with(workers_per_host: int, env: dict[str, str] | None = None):
+    reason = unavailable()
+    if reason:
+        pytest.skip(reason)
+    with SimulatedHosts(HOSTS, subnet=SUBNET) as rig:
+        sched = rig.scheduler("sched", env=env)
+        for h in HOSTS[1:]:
+            rig.workers(h, sched, n=workers_per_host)
+        yield sched, rig
 
 
 @pytest.fixture
 def hosts():
-    reason = netns_unavailable()
-    if reason:
-        pytest.skip(reason)
-    tag = str(os.getpid() % 10000)
-    made_ns, procs = [], []
-    addresses = {h: f"{SUBNET}.{10 + i}" for i, h in enumerate(HOSTS)}
-    host_veth = {h: f"dch{i}{tag}"[:15] for i, h in enumerate(HOSTS)}
-    try:
-        sh("ip", "link", "add", BRIDGE, "type", "bridge")
-        sh("ip", "addr", "add", f"{SUBNET}.1/24", "dev", BRIDGE)
-        sh("ip", "link", "set", BRIDGE, "up")
-        for i, h in enumerate(HOSTS):
-            ns, inner = f"dc-{h}-{tag}", f"dcn{i}{tag}"[:15]
-            sh("ip", "netns", "add", ns)
-            made_ns.append(ns)
-            sh("ip", "link", "add", host_veth[h], "type", "veth", "peer", "name", inner)
-            sh("ip", "link", "set", host_veth[h], "master", BRIDGE)
-            sh("ip", "link", "set", host_veth[h], "up")
-            sh("ip", "link", "set", inner, "netns", ns)
-            sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{addresses[h]}/24", "dev", inner)
-            sh("ip", "netns", "exec", ns, "ip", "link", "set", inner, "up")
-            sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+    yield from rig_with(1, FAST_FAILURE_ENV)
 
-        env = {
-            **os.environ,
-            "DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL": "5s",
-            "DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL": "1s",
-            "PYTHONWARNINGS": "ignore",
-        }
-        sched = f"tcp://{addresses['sched']}:8786"
 
-        def spawn(host: str, *args: str) -> None:
-            cmd = ["ip", "netns", "exec", f"dc-{host}-{tag}", sys.executable, "-m", *args]
-            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                          start_new_session=True))  # fmt: skip
-
-        spawn("sched", "distributed.cli.dask_scheduler", "--host", addresses["sched"], "--port", "8786",
-              "--no-dashboard")  # fmt: skip
-        time.sleep(2)
-        for h in HOSTS[1:]:
-            spawn(h, "distributed.cli.dask_worker", sched, "--host", addresses[h], "--nthreads", "1",
-                  "--no-dashboard", "--no-nanny")  # fmt: skip
-        yield sched, addresses, host_veth
-    finally:
-        for p in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, 9)
-        for p in procs:
-            with contextlib.suppress(Exception):
-                p.wait(timeout=10)
-        for ns in made_ns:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
-        subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, timeout=30)
+@pytest.fixture
+def hosts_of_two():
+    yield from rig_with(2)
 
 
 def test_cut_link_mid_run(hosts):
-    sched, addresses, host_veth = hosts
+    sched, rig = hosts
+    addresses = rig.addresses
     from distributed import Client
 
     with Client(sched, timeout=30, set_as_default=False) as c:
@@ -123,7 +68,7 @@ def test_cut_link_mid_run(hosts):
             for i, batch in enumerate(collector):
                 batches.append(batch)
                 if i == 4:
-                    sh("ip", "link", "set", host_veth[cut], "down")  # the worker's link is cut
+                    rig.cut(cut)  # the worker's link is cut
                 assert time.monotonic() - start < 120
             stats = collector.stats()
     assert sum(b.numel() for b in batches) == 200 * 30
@@ -136,3 +81,31 @@ def test_cut_link_mid_run(hosts):
     )
     assert len(pairs) == len(pairs.unique(dim=0))  # no rollout yielded twice
     assert not any(w.startswith(f"tcp://{addresses[cut]}:") for w in collector.workers)
+
+
+def test_weights_reach_every_worker_of_every_host(hosts_of_two):
+    sched, rig = hosts_of_two
+    policy = constant_action_policy(0)
+    # The hosts share this machine's /dev/shm; with it off the weights take the route to other hosts.
+    with dask.config.set({"daskcollect.weights.shared-memory": False, "daskcollect.timeouts.workers": "60s"}):
+        with DaskCollector(
+            make_cartpole, policy, frames_per_batch=6 * 10, total_frames=-1, num_collectors=6, sync=True,
+            client=sched, track_policy_version=True,
+        ) as collector:  # fmt: skip
+            assert len({rig_host(rig, w) for w in collector.workers}) == 3
+            it = iter(collector)
+            assert next(it)["action"].argmax(-1).unique().tolist() == [0]
+            for version, action in ((1, 1), (2, 0), (3, 1)):
+                set_constant_action(policy, action)
+                start = time.monotonic()
+                collector.update_policy_weights_()
+                batch = next(it)
+                assert time.monotonic() - start < 30
+                for i in range(6):  # every collector, leader of its host or not
+                    assert batch[i]["action"].argmax(-1).unique().tolist() == [action]
+                    assert batch[i]["policy_version"].unique().tolist() == [version]
+            assert {c["weights_route"] for c in collector.stats()["collectors"]} == {"dask"}
+
+
+def rig_host(rig, address: str) -> str:
+    return next(h for h, ip in rig.addresses.items() if address.startswith(f"tcp://{ip}:"))

@@ -155,6 +155,42 @@ def test_no_policy_update_needs_weights(client):
             collector.update_policy_weights_()
 
 
+def test_one_leader_per_host_for_the_dask_route():
+    from daskcollect.weights.scatter import host_leaders
+
+    addresses = ["tcp://10.0.0.2:4001", "tcp://10.0.0.1:4002", "tcp://10.0.0.1:4001", "tcp://10.0.0.2:4001"]
+    assert host_leaders(addresses) == ["tcp://10.0.0.1:4001", "tcp://10.0.0.2:4001"]
+    assert host_leaders([]) == []
+
+
+def test_tree_copies_reach_every_worker_and_outlive_the_memory_manager(client):
+    """The host-to-host copy: every collector's worker holds the version, unreachable workers are
+    left out, and the Active Memory Manager (on in this cluster) does not drop the copies."""
+    from distributed.utils import sync
+
+    from daskcollect.weights import tree
+
+    policy, collector = probe(client, num_collectors=2)
+    with collector:  # its actors make the workers answer the tree's requests
+        workers = sorted(collector.workers)
+        ours = collector.client
+        payload = WeightsPayload.pack(extract_weights(policy), 7)
+        future = ours.scatter(payload, workers=workers[:1], hash=False, direct=True)
+        gone = "tcp://127.0.0.1:9"  # nothing listens there
+        left_out = sync(
+            ours.loop, tree.copy_along_tree, ours, future.key, [*workers, gone], 3, callback_timeout=30
+        )
+        assert left_out == [gone]
+        assert client.amm.running()
+        time.sleep(2.5)  # longer than the memory manager's interval
+
+        def version_held(dask_worker, key=future.key):
+            payload = tree.held(dask_worker, key)
+            return None if payload is None else payload.version
+
+        assert client.run(version_held, workers=workers) == dict.fromkeys(workers, 7)
+
+
 def test_actor_fetches_weights_it_was_not_sent(client):
     """The fallback path: weights held by another worker only (as after the AMM drops a replica)."""
     from daskcollect.weights.scatter import ScatterTransport

@@ -6,7 +6,8 @@
   to load, and which transport reaches it;
 - :mod:`~daskcollect.weights.shm`: one write into shared memory for workers on
   the driver's host;
-- :mod:`~daskcollect.weights.scatter`: one Dask scatter for workers elsewhere.
+- :mod:`~daskcollect.weights.scatter`: one Dask scatter for workers elsewhere,
+  copied host to host along a binomial tree (:mod:`~daskcollect.weights.tree`).
 
 Both transports answer :meth:`send` with a :class:`~daskcollect.weights.payload.Sent`
 whose ``ref`` travels with a rollout call and is read on the worker.

@@ -1,42 +1,60 @@
-"""The Dask transport: one scatter per version, replicated between the workers that need it.
+"""The Dask transport: one scatter per version, then copied host to host along a tree.
 
-Workers on other hosts than the driver's get each weights version through one
-``Client.scatter(..., broadcast=True, hash=False, direct=True)``: the driver
-sends it once and Dask copies it between those workers. A worker whose replica
-was dropped (the Active Memory Manager's ``ReduceReplicas``, a worker that
-joined later) fetches it from a worker that holds it.
+Workers on other hosts than the driver's get each weights version this way:
+
+- the driver scatters it once, to one worker (the first host's leader);
+- it is copied to one leader worker on each other host along a binomial tree
+  (:mod:`daskcollect.weights.tree`), so an update costs about
+  ``1 + log2(hosts)`` transfers of one link;
+- the other workers of a host fetch it from their leader when they load it,
+  over the host's loopback.
+
+A worker that joined later, or whose leader left, fetches it from another
+holder, then from any worker the scheduler lists.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from distributed import Client
+from distributed.comm.addressing import get_address_host
 from distributed.utils import sync
 from tensordict import TensorDictBase
 
-from daskcollect import _dask
+from daskcollect.weights import tree
 from daskcollect.weights.payload import Sent, WeightsPayload
 
 ROUTE = "dask"
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class ScatterRef:
-    """A weights version scattered under the Dask key ``key``."""
+    """A weights version scattered under the Dask key ``key``, held by the host leaders ``holders``."""
 
     version: int
     key: str
+    holders: tuple[str, ...] = ()
 
     def read(self, worker: Any, timeout: float) -> TensorDictBase:
         """The weights from this worker's memory, or from a worker that holds them."""
-        try:
-            payload = worker.data[self.key]
-        except KeyError:
+        payload = tree.held(worker, self.key)
+        if payload is None:
             # A Future made in an actor thread never resolves: ask the holders directly.
-            payload = sync(worker.loop, _dask.fetch_from_peers, worker, self.key, callback_timeout=timeout)
+            payload = sync(worker.loop, tree.fetch, worker, self.key, self.holders, callback_timeout=timeout)
         return payload.weights
+
+
+def host_leaders(addresses: list[str]) -> list[str]:
+    """One worker per host among ``addresses`` (the first of each host's, sorted)."""
+    leaders: dict[str, str] = {}
+    for address in sorted(set(addresses)):
+        leaders.setdefault(get_address_host(address), address)
+    return list(leaders.values())
 
 
 class ScatterTransport:
@@ -55,16 +73,19 @@ class ScatterTransport:
 
     def send(self, weights: TensorDictBase, version: int, addresses: list[str]) -> Sent:
         payload = WeightsPayload.pack(weights, version)
-        targets = sorted(set(addresses))
+        heads = host_leaders(addresses)
         future = self.client.scatter(
-            payload,
-            workers=targets,
-            broadcast=len(targets) > 1,
-            hash=False,
-            direct=True,
-            timeout=self.timeout,
+            payload, workers=heads[:1], hash=False, direct=True, timeout=self.timeout
         )
-        return Sent(ScatterRef(version, future.key), payload, future, ROUTE)
+        left_out: list[str] = []
+        if len(heads) > 1:
+            copy = tree.copy_along_tree
+            left_out = sync(self.client.loop, copy, self.client, future.key, heads, self.timeout,
+                            callback_timeout=self.timeout)  # fmt: skip
+            if left_out:  # gone or going: the liveness checks deal with their collectors
+                logger.info("weights version %d did not reach %s", version, left_out)
+        holders = tuple(a for a in heads if a not in left_out)
+        return Sent(ScatterRef(version, future.key, holders), payload, future, ROUTE)
 
     def close(self) -> None:
         """Nothing to release: the futures go with the references to them."""

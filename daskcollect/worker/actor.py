@@ -23,6 +23,7 @@ from tensordict import TensorDictBase
 
 from daskcollect.errors import RolloutError, SharedFilesystemError
 from daskcollect.memmap import check_writable, write_batch
+from daskcollect.weights import tree
 from daskcollect.weights.payload import WeightsRef
 from daskcollect.worker.probes import EpisodeTracker, TimeSplit
 from daskcollect.worker.rollout import TRAJ_ID_BITS, ActorSpec, Rollout
@@ -39,6 +40,7 @@ class CollectorActor:
 
     def __init__(self, spec: ActorSpec, recipe: bytes):
         self._worker = get_worker()
+        tree.install(self._worker)  # this worker may pass weights on to other hosts' workers
         self.spec = spec
         self.where = f"collector {spec.index} on worker {self._worker.address}"
         if spec.memmap_root is not None:

@@ -1,0 +1,132 @@
+"""Weights copied host to host along a binomial tree, held outside Dask's data.
+
+The driver scatters a weights version to one worker; :func:`copy_along_tree`
+then has one worker per other host pull it, in rounds where every holder serves
+one new worker, so ``n`` hosts take ``ceil(log2(n))`` rounds of one transfer per
+holder's link. Dask's own ``scatter(..., broadcast=True)`` lets one holder serve
+several workers in a round while others wait, and copies to every worker
+whatever its host: it grew faster than linearly in the hosts when measured
+(``benchmarks/cross_host.py``).
+
+The copies are held by daskcollect on each worker (the newest :data:`KEEP`
+versions), not in the worker's Dask data: the scheduler's Active Memory
+Manager, which runs by default on clusters that are not daskcollect's own,
+drops "superfluous" replicas of Dask data every two seconds, and the collectors
+would then fetch every version from the one worker left holding it. Each worker
+hosting a collector answers two requests, installed by :func:`install`:
+``daskcollect_weights_get`` (a version it holds) and ``daskcollect_weights_pull``
+(fetch one from a given worker and hold it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from typing import Any
+
+from distributed.comm.addressing import get_address_host
+from distributed.protocol import to_serialize
+
+from daskcollect import _dask
+
+#: Versions each worker holds (a collector told of a version may read it as the next one arrives).
+KEEP = 3
+
+_held: OrderedDict[str, Any] = OrderedDict()
+
+
+def hold(key: str, payload: Any) -> None:
+    """Keeps ``payload`` under ``key`` on this worker, dropping the oldest beyond :data:`KEEP`."""
+    _held[key] = payload
+    _held.move_to_end(key)
+    while len(_held) > KEEP:
+        _held.popitem(last=False)
+
+
+def held(worker: Any, key: str) -> Any | None:
+    """The payload of ``key`` if this worker holds it (daskcollect's copy, or Dask's data)."""
+    payload = _held.get(key)
+    if payload is None:
+        with contextlib.suppress(KeyError):
+            payload = worker.data[key]
+    return payload
+
+
+async def _get(worker: Any, key: str) -> dict:
+    payload = held(worker, key)
+    return {"status": "missing"} if payload is None else {"status": "OK", "payload": to_serialize(payload)}
+
+
+async def _pull(worker: Any, key: str, source: str) -> dict:
+    if held(worker, key) is None:
+        answer = await worker.rpc(source).daskcollect_weights_get(key=key)
+        if answer.get("status") != "OK":
+            return {"status": "missing"}
+        hold(key, answer["payload"])
+    return {"status": "OK"}
+
+
+def install(worker: Any) -> None:
+    """Makes ``worker`` answer the tree's two requests (idempotent)."""
+
+    # Dask's server wants named handlers (no functools.partial).
+    async def daskcollect_weights_get(key: str) -> dict:
+        return await _get(worker, key)
+
+    async def daskcollect_weights_pull(key: str, source: str) -> dict:
+        return await _pull(worker, key, source)
+
+    _dask.add_handlers(worker, {f.__name__: f for f in (daskcollect_weights_get, daskcollect_weights_pull)})
+
+
+async def copy_along_tree(client: Any, key: str, addresses: list[str], timeout: float) -> list[str]:
+    """Copies ``key``, held by ``addresses[0]``, to the other workers along a binomial tree.
+
+    Args:
+        client: The driver's client.
+        key: The weights version's key.
+        addresses: The workers, the holder first.
+        timeout: The bound on each copy, in seconds.
+
+    Returns:
+        The workers left out: unreachable, or without an answer within ``timeout``.
+    """
+
+    async def copy(source: str, target: str) -> None:
+        answer = await client.rpc(target).daskcollect_weights_pull(key=key, source=source)
+        if answer.get("status") != "OK":
+            raise OSError(f"{target} could not fetch {key} from {source}")
+
+    holders, todo, left_out = addresses[:1], list(addresses[1:]), []
+    while todo:
+        pairs = list(zip(holders, todo))
+        todo = todo[len(pairs) :]
+        answers = await asyncio.gather(
+            *(asyncio.wait_for(copy(source, target), timeout) for source, target in pairs),
+            return_exceptions=True,
+        )
+        for (_, target), answer in zip(pairs, answers):
+            (left_out if isinstance(answer, BaseException) else holders).append(target)
+    return left_out
+
+
+async def fetch(worker: Any, key: str, holders: tuple[str, ...]) -> Any:
+    """The payload of ``key`` from a worker that holds it: ``holders`` on this host first, then the
+    others, then any worker the scheduler lists; held here afterwards.
+
+    Raises:
+        KeyError: If no live worker holds it.
+    """
+    here = get_address_host(worker.address)
+    for address in sorted(
+        (a for a in holders if a != worker.address), key=lambda a: get_address_host(a) != here
+    ):
+        with contextlib.suppress(Exception):  # a holder that left, or runs no collector any more: the next
+            answer = await worker.rpc(address).daskcollect_weights_get(key=key)
+            if answer.get("status") == "OK":
+                hold(key, answer["payload"])
+                return answer["payload"]
+    payload = await _dask.fetch_from_peers(worker, key)
+    hold(key, payload)
+    return payload
