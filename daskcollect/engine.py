@@ -99,6 +99,7 @@ class Engine:
         self.ledger = (
             MemmapLedger(out.memmap_dir, out.memmap_retention, out.max_unreleased) if out.memmap else None
         )
+        shm = None
         if router is None:
             shm = SharedMemoryTransport.create(settings.shared_memory_dir)
             reference = extract_weights(weights_source) if weights_source is not None else None
@@ -115,7 +116,12 @@ class Engine:
             gc_freeze=settings.worker.gc_freeze,
             replay_buffer=getattr(spec.output.replay_buffer, "actor", None),
         )
-        self.pool = pool or ActorPool(client, settings, template, spec.cluster.worker_resources)
+        # The local lane needs the shared-memory folder (the workers that see it share our host),
+        # and leaves out collectors that extend a replay buffer (they call its actor from the rollout).
+        lane = (
+            shm.path if shm is not None and settings.local_lane and template.replay_buffer is None else None
+        )
+        self.pool = pool or ActorPool(client, settings, template, spec.cluster.worker_resources, lane)
         self.watcher = watcher or RetirementWatcher(client, self.pool, settings.timeouts.call)
 
     # --- collectors wanted against collectors live -----------------------------

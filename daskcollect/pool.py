@@ -23,6 +23,7 @@ import queue
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -34,6 +35,7 @@ from distributed.client import FuturesCancelledError
 from daskcollect import _dask
 from daskcollect.cluster import eligible_workers, live_workers
 from daskcollect.errors import CollectorBuildError, CollectorTimeoutError, DaskCollectError, RolloutError
+from daskcollect.lane import LaneServer
 from daskcollect.py_modules import missing_module_hint
 from daskcollect.settings import Settings
 from daskcollect.weights.payload import Sent, WeightsRef
@@ -59,6 +61,8 @@ class Slot:
         recipe: The cloudpickled recipe, kept to start a replacement.
         on_driver_host: Its worker reads the driver's shared memory, so it gets
             weights through the shared-memory transport.
+        lane: Its connection on the driver's local lane, which then carries
+            its rollout calls (:mod:`daskcollect.lane`); ``None``: Dask RPCs.
         rollouts: Rollouts it delivered; ``frames`` their frames, ``seconds``
             their wall time on the worker.
         policy_version: The weights version of its last rollout.
@@ -73,6 +77,7 @@ class Slot:
     actor: Actor
     recipe: bytes
     on_driver_host: bool = False
+    lane: Any = None
     rollouts: int = 0
     frames: int = 0
     seconds: float = 0.0
@@ -132,6 +137,8 @@ class ActorPool:
         template: Every actor's :class:`~daskcollect.worker.rollout.ActorSpec`
             (``index``, ``uid`` and ``seed`` are filled in per actor).
         resources: Resources a worker must declare to host a collector.
+        lane_dir: A folder on the driver's host for the local lane's socket;
+            ``None`` sends every rollout call as a Dask RPC.
     """
 
     def __init__(
@@ -140,11 +147,16 @@ class ActorPool:
         settings: Settings,
         template: ActorSpec | None = None,
         resources: Mapping | None = None,
+        lane_dir: str | None = None,
     ):
         self.client = client
         self.settings = settings
         self.template = template or ActorSpec(0, 0)
         self.resources = resources
+        self._lane = LaneServer(lane_dir, self._lane_answer) if lane_dir else None
+        if self._lane is not None:
+            self.template = replace(self.template, lane=self._lane.address)
+        self._lane_calls: dict[int, deque[InFlight]] = {}  # per actor uid, in the order sent
         self._slots: list[Slot] = []
         self._uids = itertools.count()
         self._token = uuid.uuid4().hex[:8]
@@ -187,6 +199,9 @@ class ActorPool:
             self._inflight.difference_update(dropped)  # if one completes, next_completion ignores it
             slot.inflight = 0
             self._slots = [s for s in self._slots if s is not slot]
+            self._lane_calls.pop(slot.uid, None)
+        if slot.lane is not None:
+            self._lane.drop(slot.uid)
         with contextlib.suppress(Exception):
             self.client.cancel([slot.future])
         return len(dropped)
@@ -196,6 +211,9 @@ class ActorPool:
         with self.lock:
             gone = [s for s in self._slots if s.retired]
             self._slots = [s for s in self._slots if not s.retired]
+        for slot in gone:
+            if slot.lane is not None:
+                self._lane.drop(slot.uid)
         return gone
 
     def free_workers(self) -> list[str]:
@@ -331,6 +349,9 @@ class ActorPool:
                 slot.on_driver_host = bool(call.result(timeout=self.settings.timeouts.call))
             except Exception as exc:  # its worker is leaving: the rollout path will tell
                 logger.debug("collector %d: no answer on shared memory (%s)", slot.index, exc)
+            if slot.on_driver_host and self._lane is not None:
+                # It connected while it was built: the lane carries its rollout calls.
+                slot.lane = self._lane.connection(slot.uid, self.settings.timeouts.call)
 
     # --- rollouts ----------------------------------------------------------
     def submit(self, slot: Slot, weights: Sent | None) -> bool:
@@ -345,8 +366,36 @@ class ActorPool:
             flight = InFlight(slot, weights)
             self._inflight.add(flight)
             slot.inflight += 1
-        self.client.loop.add_callback(self._run, flight, weights.ref if weights is not None else None)
+            if slot.lane is not None:
+                self._lane_calls.setdefault(slot.uid, deque()).append(flight)
+        ref = weights.ref if weights is not None else None
+        if slot.lane is None:
+            self.client.loop.add_callback(self._run, flight, ref)
+            return True
+        try:
+            slot.lane.send(ref)
+        except (OSError, ValueError) as exc:  # closed: its worker is gone
+            self._lane_answer(slot.uid, None, cause=f"its lane closed ({exc})")
         return True
+
+    def _lane_answer(self, uid: int, answer: tuple[bool, Any] | None, cause: str = "") -> None:
+        """Finishes the oldest lane call of actor ``uid`` with ``answer``; all of them when the lane
+        closed (``None``). Runs on the lane's reader thread."""
+        with self.lock:
+            calls = self._lane_calls.get(uid)
+            if not calls:
+                return  # a removed collector's
+            done = [calls.popleft()] if answer is not None else [calls.popleft() for _ in range(len(calls))]
+        lost = (False, OSError(f"Unable to contact Actor's worker: {cause or 'its lane closed'}"))
+        for flight in done:
+            self._finish(flight, answer if answer is not None else lost)
+
+    def _finish(self, flight: InFlight, outcome: tuple[bool, Any]) -> None:
+        flight.outcome = outcome
+        self._completed.put(flight)
+        slot = flight.slot
+        if slot.retiring and self.on_retiring_call_done is not None:
+            self.client.loop.add_callback(self.on_retiring_call_done, slot)
 
     async def _run(self, flight: InFlight, ref: WeightsRef | None) -> None:
         """Runs on the client's event loop: the rollout call, then queues its outcome."""
@@ -499,3 +548,6 @@ class ActorPool:
                 slot.inflight = 0
             self._slots = []
             self._inflight.clear()
+            self._lane_calls.clear()
+        if self._lane is not None:
+            self._lane.close()

@@ -53,6 +53,9 @@ def test_cut_link_mid_run(hosts):
     with Client(sched, timeout=30, set_as_default=False) as c:
         c.wait_for_workers(3, timeout=60)
     timeouts = {
+        # The hosts share this machine's /dev/shm: with it off, nothing goes around the cut link
+        # (neither the weights nor the rollout calls, which take the local lane on a shared host).
+        "daskcollect.weights.shared-memory": False,
         "daskcollect.timeouts.rollout": "8s",
         "daskcollect.timeouts.shutdown": "10s",
         "daskcollect.liveness-interval": "0.5s",

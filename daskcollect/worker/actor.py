@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+import threading
 import time
 import traceback
 from typing import Any
@@ -22,6 +23,7 @@ from distributed.utils import sync
 from tensordict import TensorDictBase
 
 from daskcollect.errors import RolloutError, SharedFilesystemError
+from daskcollect.lane import LaneClient
 from daskcollect.memmap import check_writable, write_batch
 from daskcollect.weights import tree
 from daskcollect.weights.payload import WeightsRef
@@ -61,6 +63,12 @@ class CollectorActor:
             # Move the long-lived heap (Dask, torch, the envs) out of the
             # collector's way: full collections then scan only rollout garbage.
             gc.freeze()
+        # Rollouts come from the lane's thread or from Dask's actor thread, the
+        # other calls from Dask's: one at a time on the collector.
+        self._busy = threading.Lock()
+        self._lane = None
+        if spec.lane is not None and self._shared:
+            self._lane = LaneClient(spec.lane, spec.uid, self._serve_lane)
 
     # --- weights -----------------------------------------------------------
     def shares_driver_memory(self) -> bool:
@@ -109,6 +117,13 @@ class CollectorActor:
         return error
 
     # --- rollouts ----------------------------------------------------------
+    def _serve_lane(self, weights: WeightsRef | None) -> tuple[bool, Any]:
+        """One rollout request from the lane: ``(True, rollout)`` or ``(False, the exception)``."""
+        try:
+            return True, self.rollout(weights)
+        except Exception as exc:
+            return False, exc
+
     def rollout(self, weights: WeightsRef | None = None) -> Rollout:
         """Collects one batch, after loading the newest weights: ``weights``, or newer ones announced.
 
@@ -116,6 +131,10 @@ class CollectorActor:
             RolloutError: With the worker, the collector index and the original
                 traceback, if the env or the policy raised.
         """
+        with self._busy:
+            return self._rollout(weights)
+
+    def _rollout(self, weights: WeightsRef | None) -> Rollout:
         start, cpu0 = time.perf_counter(), time.thread_time()
         self._split.start()
         try:
@@ -210,23 +229,30 @@ class CollectorActor:
     # --- state -------------------------------------------------------------
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seeds the envs, torch and NumPy, as a ``MultiSyncCollector`` worker does."""
-        out = self._collector.set_seed(seed, static_seed=static_seed)
-        torch.manual_seed(seed)
-        np.random.seed(seed % 2**32)
-        return out
+        with self._busy:
+            out = self._collector.set_seed(seed, static_seed=static_seed)
+            torch.manual_seed(seed)
+            np.random.seed(seed % 2**32)
+            return out
 
     def reset(self) -> None:
         """Resets the envs (the next rollout starts new trajectories)."""
-        self._collector.reset()
+        with self._busy:
+            self._collector.reset()
 
     def state_dict(self) -> dict:
-        return self._collector.state_dict()
+        with self._busy:
+            return self._collector.state_dict()
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self._collector.load_state_dict(state_dict)
+        with self._busy:
+            self._collector.load_state_dict(state_dict)
 
     def close(self) -> None:
-        """Shuts the TorchRL collector down (envs and any sub-processes)."""
-        collector, self._collector = getattr(self, "_collector", None), None
+        """Closes the lane and shuts the TorchRL collector down (envs and any sub-processes)."""
+        if getattr(self, "_lane", None) is not None:
+            self._lane.close()
+        with self._busy:
+            collector, self._collector = getattr(self, "_collector", None), None
         if collector is not None:
             collector.shutdown()
