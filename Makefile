@@ -28,7 +28,8 @@ docs: install
 test: lint docs
 	$(PY) -m pytest
 
-# The benchmarks (docs/benchmarks.md): about 20 min on 2 cores (measured 2026-12-02), plus about 25 for P7 (2026-12-03); do not run anything else meanwhile.
+# The benchmarks (docs/benchmarks.md): about 20 min on 2 cores (measured 2026-12-02), plus about 25 for P7 (2026-12-03)
+# and about 40 for the envelope, P8, P10 and the cross-host runs (2026-12-04); do not run anything else meanwhile.
 bench: install
 	$(PY) benchmarks/throughput.py --env CartPole-v1 --workers 2 --pairs 7
 	$(PY) benchmarks/throughput.py --env Pendulum-v1 --workers 2 --pairs 7
@@ -42,8 +43,11 @@ bench: install
 	$(PY) benchmarks/cold_start.py --repeats 3
 	$(PY) benchmarks/driver_cost.py --collectors 8 16 32 --pairs 3
 	$(PY) benchmarks/driver_cost.py --collectors 16 --pairs 3 --external
-	$(PY) benchmarks/envelope.py --collectors 2 4 8 16 --pairs 2
+	$(PY) benchmarks/envelope.py --collectors 2 8 --pairs 2 --seconds 8 --rpc
+	$(PY) benchmarks/throughput.py --num-envs 8 --frames-per-batch 800 --total-frames 16800 --pairs 3
 	$(PY) benchmarks/probes_overhead.py --pairs 7
+	$(PY) benchmarks/cross_host.py --pairs 3
+	$(PY) benchmarks/cross_host.py --parts weights --rate 100mbit --sizes-mb 10 --out benchmarks/results/cross_host_100mbit.json
 	$(PY) benchmarks/report.py
 
 # Every benchmark with tiny budgets, into a scratch folder: they keep working (CI runs this).
@@ -60,10 +64,12 @@ bench-smoke: install
 	$(PY) benchmarks/replay_buffer.py --frames 400 --frames-per-batch 100 --pairs 1 --out $(SMOKE)/rb.json
 	$(PY) benchmarks/cold_start.py --repeats 1 --frames 2000 --out $(SMOKE)/cold.json
 	$(PY) benchmarks/driver_cost.py --collectors 2 --seconds 1 --pairs 1 --out $(SMOKE)/p7.json
-	$(PY) benchmarks/envelope.py --collectors 2 --seconds 1 --pairs 1 --out $(SMOKE)/envelope.json
+	$(PY) benchmarks/envelope.py --collectors 2 --seconds 1 --pairs 1 --rpc --out $(SMOKE)/envelope.json
+	$(PY) benchmarks/throughput.py --num-envs 2 --frames-per-batch 100 --total-frames 400 --pairs 1 --out $(SMOKE)/p8.json
 	$(PY) benchmarks/probes_overhead.py --pairs 1 --batches 3 --out $(SMOKE)/p10.json
+	$(PY) benchmarks/cross_host.py --hosts 2 --workers-per-host 1 --pairs 1 --seconds 1 --sizes-mb 1 --repeats 1 --warmup 0 --out $(SMOKE)/cross_host.json
 	cp docs/benchmarks.md $(SMOKE)/benchmarks.md
-	$(PY) benchmarks/report.py --doc $(SMOKE)/benchmarks.md --png $(SMOKE)/benchmarks.png --scale-png $(SMOKE)/scale.png
+	$(PY) benchmarks/report.py --doc $(SMOKE)/benchmarks.md --png $(SMOKE)/benchmarks.png --scale-png $(SMOKE)/scale.png --cross-host-png $(SMOKE)/cross_host.png
 	rm -rf $(SMOKE)
 
 clean:

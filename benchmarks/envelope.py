@@ -6,8 +6,9 @@ is measured is the path around a rollout: the actor call, the transfer, the
 driver's bookkeeping. Async mode, with a ``dask scheduler`` and ``dask worker``
 processes started here (as in ``driver_cost.py --external``), so the driver
 process holds only the client. For each collector count, interleaved with
-TorchRL's ``MultiAsyncCollector`` built with the same ``collector_class``:
-batches/s, and the driver's CPU per batch.
+TorchRL's ``MultiAsyncCollector`` built with the same ``collector_class`` (and,
+with ``--rpc``, with daskcollect's rollout calls as Dask RPCs instead of the
+local lane): batches/s, and the driver's CPU per batch.
 
 On the 2-core machine the workers, the scheduler and the driver share the
 cores, so the figures are a floor for a driver with a core of its own.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import warnings
 
+import dask
 from _common import header, medians, save
 from driver_cost import external_cluster, measure, stop
 from torchrl.collectors import MultiAsyncCollector
@@ -32,13 +34,14 @@ from daskcollect.testing import PrebuiltCollector, make_cartpole
 warnings.filterwarnings("ignore")
 
 
-def run_dask(n: int, args) -> dict[str, float]:
+def run_dask(n: int, args, lane: bool = True) -> dict[str, float]:
     scheduler, workers, address = external_cluster(n)
     try:
-        collector = DaskCollector(
-            make_cartpole, None, collector_class=PrebuiltCollector, frames_per_batch=args.frames_per_batch,
-            total_frames=-1, num_collectors=n, sync=False, client=address,
-        )  # fmt: skip
+        with dask.config.set({"daskcollect.local-lane": lane}):
+            collector = DaskCollector(
+                make_cartpole, None, collector_class=PrebuiltCollector, frames_per_batch=args.frames_per_batch,
+                total_frames=-1, num_collectors=n, sync=False, client=address,
+            )  # fmt: skip
         return measure(collector, args.seconds, list)
     finally:
         stop(workers, scheduler)
@@ -60,23 +63,25 @@ def main() -> None:
     parser.add_argument("--frames-per-batch", type=int, default=20)
     parser.add_argument("--seconds", type=float, default=10.0, help="timed seconds per run")
     parser.add_argument("--pairs", type=int, default=2)
+    parser.add_argument("--rpc", action="store_true", help="also dask with daskcollect.local-lane off")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
     raw: dict[str, dict[str, list[dict]]] = {}
     for _ in range(args.pairs):
         for n in args.collectors:
-            for side, run in (("dask", run_dask), ("torchrl", run_torchrl)):
+            sides = [("dask", run_dask), ("torchrl", run_torchrl)]
+            if args.rpc:
+                sides.insert(1, ("dask-rpc", lambda n, args: run_dask(n, args, lane=False)))
+            for side, run in sides:
                 r = run(n, args)
                 raw.setdefault(str(n), {}).setdefault(side, []).append(r)
                 print(f"N={n:3d} {side:8s} {r['batches_per_s']:8.0f} batches/s  driver "
                       f"{r['driver_ms_per_batch']:.2f} ms/batch", flush=True)  # fmt: skip
     summary = medians(raw, ("batches_per_s", "driver_ms_per_batch"))
     save({**header("envelope", args), "raw": raw, "summary": summary}, "envelope", args.out)
-    print(f"{'N':>4} {'dask batches/s':>14} {'torchrl batches/s':>17} {'dask ms/b':>10} {'torchrl ms/b':>12}")
     for n, r in summary.items():
-        print(f"{n:>4} {r['dask_batches_per_s']:14.0f} {r['torchrl_batches_per_s']:17.0f} "
-              f"{r['dask_driver_ms_per_batch']:10.2f} {r['torchrl_driver_ms_per_batch']:12.2f}")  # fmt: skip
+        print(f"N={n:>3}: " + "  ".join(f"{k} {v:.2f}" for k, v in r.items()))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
     python benchmarks/report.py
 
-Writes docs/img/benchmarks.png and replaces the text between the
+Writes docs/img/benchmarks.png, scale.png and cross_host.png, and replaces the text between the
 ``<!-- report -->`` and ``<!-- /report -->`` markers of docs/benchmarks.md.
 A result file that is missing leaves its row out.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
 
 from _common import RESULTS
@@ -20,6 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "benchmarks.md")
 SCALE_PNG = os.path.join(ROOT, "docs", "img", "scale.png")
 PNG = os.path.join(ROOT, "docs", "img", "benchmarks.png")
+CROSS_HOST_PNG = os.path.join(ROOT, "docs", "img", "cross_host.png")
 
 
 def load(name: str) -> dict | None:
@@ -38,8 +40,11 @@ def throughput_rows() -> list[str]:
             r = json.load(f)
         ratios, against = r["median_ratios"], r["args"].get("against", "torchrl")
         sync, asyn = (f"{ratios[k]:.3f}" for k in ratios if "/limit" not in k)
+        envs = r["args"].get("num_envs", 1)
+        label = "P8" if envs > 1 else "P5" if against == "ray" else "P1"
+        env = f"{r['args']['env']} × {envs} envs" if envs > 1 else r["args"]["env"]
         rows.append(
-            f"| {'P5' if against == 'ray' else 'P1'} | {r['args']['env']} ({r['args']['workers']} workers, "
+            f"| {label} | {env} ({r['args']['workers']} workers, "
             f"vs {'RayCollector' if against == 'ray' else 'Multi*Collector'}) | **{sync}** | **{asyn}** | "
             f"{ratios['dask-sync/limit']:.3f} | {ratios['dask-async/limit']:.3f} | {r['date'][:10]} |"
         )
@@ -47,7 +52,7 @@ def throughput_rows() -> list[str]:
 
 
 def tables() -> str:
-    out = ["### P1 and P5: throughput ratios (median of per-pair ratios)", "", *throughput_rows(), ""]
+    out = ["### P1, P5 and P8: throughput ratios (median of per-pair ratios)", "", *throughput_rows(), ""]
     scaling = load("scaling")
     if scaling:
         out += ["### P2: 10 ms sleep-step env, frames/s against N × one TorchRL `Collector`", "",
@@ -80,7 +85,26 @@ def tables() -> str:
         out += [f"### P6: start-up to the first batch, {n} workers", "",
                 "| dask | MultiSyncCollector | dask / MultiSync |", "|---|---|---|",
                 f"| {s['dask_s']:.2f} s | {s['torchrl_s']:.2f} s | **{s['dask/torchrl']:.2f}** |", ""]  # fmt: skip
+    out += cross_host_rows()
     return "\n".join(out)
+
+
+def cross_host_rows() -> list[str]:
+    """The weights' fan-out across simulated hosts, at each link rate measured."""
+    rows = []
+    for name in ("cross_host", "cross_host_100mbit"):
+        r = load(name)
+        if not r or not r.get("weights"):
+            continue
+        rate = r["args"]["rate"]
+        rows += [f"| {w['size_mb']:g} MB | {rate} | {w['hosts']} ({w['collectors']} collectors) | "
+                 f"{1e3 * w['update_s']:,.0f} ms | {1e3 * w['p2p_s']:,.0f} ms | **{w['update/p2p']:.2f}** | "
+                 f"{w['broadcast/p2p']:.2f} |" for w in r["weights"]]  # fmt: skip
+    if not rows:
+        return []
+    return ["### Across hosts: a weights update to every collector on 1–4 simulated hosts (medians)", "",
+            "| size | links | hosts | update until loaded | one transfer | update / transfer "
+            "| Dask's `scatter(broadcast=True)` / transfer |", "|---|---|---|---|---|---|---|", *rows, ""]  # fmt: skip
 
 
 def _figure():
@@ -158,11 +182,44 @@ def plot_scale(png: str) -> None:
     if envelope:
         ns = sorted(int(n) for n in envelope["summary"])
         s = envelope["summary"]
-        for side, label in (("dask", "DaskCollector async"), ("torchrl", "MultiAsyncCollector")):
-            c.plot(ns, [s[str(n)][f"{side}_batches_per_s"] for n in ns], marker="o", label=label)
+        sides = (("dask", "DaskCollector async"), ("dask-rpc", "DaskCollector, Dask RPCs (no local lane)"),
+                 ("torchrl", "MultiAsyncCollector"))  # fmt: skip
+        for side, label in sides:
+            if f"{side}_batches_per_s" in s[str(ns[0])]:
+                c.plot(ns, [s[str(n)][f"{side}_batches_per_s"] for n in ns], marker="o", label=label)
         c.set(title="Envelope: batches/s, collectors that cost nothing", xlabel="collectors",
               ylabel="batches / s", xticks=ns, ylim=(0, None))  # fmt: skip
         c.legend()
+    _save(fig, png)
+
+
+def plot_cross_host(png: str) -> None:
+    """The weights' fan-out against the number of hosts, at each link rate, and collection over them."""
+    fig, axes = _figure()
+    for ax, name in zip(axes[:2], ("cross_host", "cross_host_100mbit")):
+        r = load(name)
+        if not r or not r.get("weights"):
+            continue
+        for size in sorted({w["size_mb"] for w in r["weights"]}):
+            rows = [w for w in r["weights"] if w["size_mb"] == size]
+            hosts = [w["hosts"] for w in rows]
+            ax.plot(hosts, [w["update/p2p"] for w in rows], marker="o", label=f"daskcollect, {size:g} MB")
+            ax.plot(hosts, [w["broadcast/p2p"] for w in rows], marker="x", ls=":",
+                    label=f"Dask scatter(broadcast=True), {size:g} MB")  # fmt: skip
+        ax.plot(hosts, hosts, "k--", lw=0.8, label="one send per host")
+        ax.plot(hosts, [1 + math.ceil(math.log2(h)) for h in hosts], "k:", lw=0.8,
+                label="binomial tree: 1 + ⌈log2 hosts⌉")  # fmt: skip
+        ax.set(title=f"Weights to every collector, links {r['args']['rate']}", xlabel="hosts",
+               ylabel="time ÷ one transfer", xticks=hosts, ylim=(0, None))  # fmt: skip
+        ax.legend(fontsize=7)
+    r = load("cross_host")
+    if r and r.get("collection"):
+        s = r["collection"]["summary"]
+        sides = sorted(s)
+        axes[2].bar(range(len(sides)), [s[k]["fps/ideal"] for k in sides], color="tab:blue")
+        axes[2].set_xticks(range(len(sides)), sides, fontsize=8)
+        axes[2].set(title=f"Collection over {r['collection']['collectors']} collectors on 4 hosts",
+                    ylabel="frames/s ÷ ideal", ylim=(0, 1.05))  # fmt: skip
     _save(fig, png)
 
 
@@ -173,9 +230,11 @@ def main() -> None:
     parser.add_argument("--doc", default=DOC, help="the Markdown file to update")
     parser.add_argument("--png", default=PNG, help="where the plot goes")
     parser.add_argument("--scale-png", default=SCALE_PNG, help="where the P7 / envelope plot goes")
+    parser.add_argument("--cross-host-png", default=CROSS_HOST_PNG, help="where the cross-host plot goes")
     args = parser.parse_args()
     plot(args.png)
     plot_scale(args.scale_png)
+    plot_cross_host(args.cross_host_png)
     text = tables()
     with open(args.doc) as f:
         doc = f.read()

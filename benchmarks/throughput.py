@@ -6,6 +6,13 @@ on shared machines. The first batch of every run is excluded from timing.
 
     python benchmarks/throughput.py --env CartPole-v1 --workers 2 --pairs 7
     python benchmarks/throughput.py --against ray      # P5: TorchRL's RayCollector instead
+    python benchmarks/throughput.py --num-envs 16 --frames-per-batch 1600 --total-frames 33600  # P8
+
+P8 (``--num-envs`` above 1) gives every collector gymnasium's vector env
+(``GymEnv(env, num_envs=...)``: an ``AsyncVectorEnv``, one process per env, one
+batch row per env), and adds the physical limit: the same vector env stepped
+with the same policy in a plain loop (gymnasium and the policy's module, no
+TorchRL), in this process, times the workers.
 
 Ray (the ``bench`` extra) runs a local Ray instance on 127.0.0.1 with as many
 CPUs as workers.
@@ -45,13 +52,33 @@ def make_policy(env_name: str):
 
 
 class EnvMaker:
-    """A picklable env constructor."""
+    """A picklable env constructor (gymnasium's vector env with ``num_envs`` above 1)."""
 
-    def __init__(self, name: str):
-        self.name = name
+    def __init__(self, name: str, num_envs: int = 1):
+        self.name, self.num_envs = name, num_envs
 
     def __call__(self):
-        return GymEnv(self.name)
+        return GymEnv(self.name, num_envs=self.num_envs) if self.num_envs > 1 else GymEnv(self.name)
+
+
+def loop_fps(env: str, num_envs: int, policy, frames: int) -> float:
+    """Frames/s of the vector env stepped with the policy's module in a plain loop (the physical limit)."""
+    from functools import partial
+
+    import gymnasium as gym
+
+    vec = gym.vector.AsyncVectorEnv([partial(gym.make, env)] * num_envs)  # what GymEnv(num_envs=...) builds
+    module = policy.module
+    obs, _ = vec.reset(seed=0)
+    steps = max(frames // num_envs, 1)
+    with torch.no_grad():
+        start = time.perf_counter()
+        for _ in range(steps):
+            action = module(torch.as_tensor(obs, dtype=torch.float32)).argmax(-1).numpy()
+            obs, *_ = vec.step(action)
+        elapsed = time.perf_counter() - start
+    vec.close()
+    return steps * num_envs / elapsed
 
 
 def timed(collector, close) -> float:
@@ -67,9 +94,11 @@ def timed(collector, close) -> float:
         close()
 
 
-def run_side(side: str, env: str, workers: int, fpb: int, total: int) -> float:
-    make = EnvMaker(env)
+def run_side(side: str, env: str, workers: int, fpb: int, total: int, num_envs: int = 1) -> float:
+    make = EnvMaker(env, num_envs)
     policy = make_policy(env)
+    if side == "loop":
+        return loop_fps(env, num_envs, policy, total // workers) * workers
     if side == "single":
         c = Collector(make(), policy, frames_per_batch=fpb, total_frames=total // workers)
         return timed(c, c.shutdown) * workers
@@ -105,6 +134,9 @@ def main() -> None:
     parser.add_argument("--total-frames", type=int, default=21000)
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--against", choices=["torchrl", "ray"], default="torchrl")
+    parser.add_argument(
+        "--num-envs", type=int, default=1, help="P8: envs per collector (gymnasium's vector env)"
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
@@ -113,18 +145,35 @@ def main() -> None:
     for _ in range(args.pairs):
         for a, b in pairs:
             for side in (a, b):
-                fps = run_side(side, args.env, args.workers, args.frames_per_batch, args.total_frames)
+                fps = run_side(
+                    side, args.env, args.workers, args.frames_per_batch, args.total_frames, args.num_envs
+                )
                 raw.setdefault(side, []).append(fps)
                 print(f"{side:14s} {fps:9.0f} frames/s", flush=True)
-        fps = run_side("single", args.env, args.workers, args.frames_per_batch, args.total_frames)
-        raw.setdefault("single", []).append(fps)
-        print(f"{'N x single':14s} {fps:9.0f} frames/s", flush=True)
+        for side in ("single", "loop") if args.num_envs > 1 else ("single",):
+            fps = run_side(
+                side, args.env, args.workers, args.frames_per_batch, args.total_frames, args.num_envs
+            )
+            raw.setdefault(side, []).append(fps)
+            print(f"{'N x ' + side:14s} {fps:9.0f} frames/s", flush=True)
 
     ratios = {f"{a}/{b}": median_ratio(raw[a], raw[b]) for a, b in pairs}
     for a, _ in pairs:
         ratios[f"{a}/limit"] = median_ratio(raw[a], raw["single"])
-    result = {**header("P1-throughput", args), "raw_fps": raw, "median_ratios": ratios}
-    suffix = "" if args.against == "torchrl" else f"-{args.against}"
+        if "loop" in raw:
+            ratios[f"{a}/limit-loop"] = median_ratio(raw[a], raw["loop"])
+    for side in ("torchrl-sync", "torchrl-async"):
+        if "loop" in raw and side in raw:
+            ratios[f"{side}/limit-loop"] = median_ratio(raw[side], raw["loop"])
+    p8 = args.num_envs > 1
+    result = {
+        **header("P8-vector-envs" if p8 else "P1-throughput", args),
+        "raw_fps": raw,
+        "median_ratios": ratios,
+    }
+    suffix = ("" if args.against == "torchrl" else f"-{args.against}") + (
+        f"-{args.num_envs}envs" if p8 else ""
+    )
     save(result, f"throughput-{args.env}-{args.workers}w{suffix}", args.out)
     print(json.dumps(ratios, indent=2))
 
