@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 import distributed
-from distributed.comm.addressing import get_address_host
 from distributed.protocol import to_serialize
 from packaging.version import Version
 
@@ -131,11 +130,12 @@ def add_handlers(worker: Any, handlers: dict[str, Callable]) -> None:
         raise _missing("Worker.handlers", exc) from None
 
 
-async def fetch_from_peers(worker: Any, key: str) -> Any:
-    """Fetches the data of ``key`` from a worker that holds it, on this host if one does (from an actor's worker).
+async def fetch_from_peers(worker: Any, key: str, order: Callable[[list[str]], list[str]]) -> Any:
+    """Fetches the data of ``key`` from a worker that holds it (from an actor's worker).
 
     A ``Future`` made in an actor thread never resolves, so the actor asks the
-    scheduler who holds the key and gets it from that worker directly.
+    scheduler who holds the key and gets it from those workers directly, in the
+    order ``order`` puts them.
 
     Raises:
         KeyError: If no live worker holds it.
@@ -146,10 +146,7 @@ async def fetch_from_peers(worker: Any, key: str) -> Any:
         who_has = worker.scheduler.who_has
     except (ImportError, AttributeError) as exc:
         raise _missing("distributed.worker.get_data_from_worker / Scheduler.who_has", exc) from None
-    holders = (await who_has(keys=[key])).get(key, [])
-    here = get_address_host(worker.address)
-    # A holder on this host first: a copy over the loopback, not over the host's link.
-    holders = sorted(holders, key=lambda a: get_address_host(a) != here)
+    holders = order((await who_has(keys=[key])).get(key, []))
     for address in holders:
         response = await get_data_from_worker(worker.rpc, [key], address, who=worker.address)
         if response.get("status") == "OK" and key in response["data"]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import OrderedDict
+from functools import partial
 from typing import Any
 
 from distributed.comm.addressing import get_address_host
@@ -53,29 +54,26 @@ def held(worker: Any, key: str) -> Any | None:
     return payload
 
 
-async def _get(worker: Any, key: str) -> dict:
-    payload = held(worker, key)
-    return {"status": "missing"} if payload is None else {"status": "OK", "payload": to_serialize(payload)}
-
-
-async def _pull(worker: Any, key: str, source: str) -> dict:
-    if held(worker, key) is None:
-        answer = await worker.rpc(source).daskcollect_weights_get(key=key)
-        if answer.get("status") != "OK":
-            return {"status": "missing"}
-        hold(key, answer["payload"])
-    return {"status": "OK"}
-
-
 def install(worker: Any) -> None:
-    """Makes ``worker`` answer the tree's two requests (idempotent)."""
+    """Makes ``worker`` answer the tree's two requests (idempotent).
 
-    # Dask's server wants named handlers (no functools.partial).
+    The handlers are closures over ``worker``: Dask's server wants named
+    functions (no ``functools.partial``).
+    """
+
     async def daskcollect_weights_get(key: str) -> dict:
-        return await _get(worker, key)
+        payload = held(worker, key)
+        return (
+            {"status": "missing"} if payload is None else {"status": "OK", "payload": to_serialize(payload)}
+        )
 
     async def daskcollect_weights_pull(key: str, source: str) -> dict:
-        return await _pull(worker, key, source)
+        if held(worker, key) is None:
+            answer = await worker.rpc(source).daskcollect_weights_get(key=key)
+            if answer.get("status") != "OK":
+                return {"status": "missing"}
+            hold(key, answer["payload"])
+        return {"status": "OK"}
 
     _dask.add_handlers(worker, {f.__name__: f for f in (daskcollect_weights_get, daskcollect_weights_pull)})
 
@@ -111,22 +109,26 @@ async def copy_along_tree(client: Any, key: str, addresses: list[str], timeout: 
     return left_out
 
 
+def nearest_first(worker: Any, addresses: list[str] | tuple[str, ...]) -> list[str]:
+    """``addresses`` but ``worker``'s own, those on its host first: a copy over the loopback, not
+    over the host's link."""
+    here = get_address_host(worker.address)
+    return sorted((a for a in addresses if a != worker.address), key=lambda a: get_address_host(a) != here)
+
+
 async def fetch(worker: Any, key: str, holders: tuple[str, ...]) -> Any:
     """The payload of ``key`` from a worker that holds it: ``holders`` on this host first, then the
-    others, then any worker the scheduler lists; held here afterwards.
+    others, then any worker the scheduler lists (this host's first); held here afterwards.
 
     Raises:
         KeyError: If no live worker holds it.
     """
-    here = get_address_host(worker.address)
-    for address in sorted(
-        (a for a in holders if a != worker.address), key=lambda a: get_address_host(a) != here
-    ):
+    for address in nearest_first(worker, holders):
         with contextlib.suppress(Exception):  # a holder that left, or runs no collector any more: the next
             answer = await worker.rpc(address).daskcollect_weights_get(key=key)
             if answer.get("status") == "OK":
                 hold(key, answer["payload"])
                 return answer["payload"]
-    payload = await _dask.fetch_from_peers(worker, key)
+    payload = await _dask.fetch_from_peers(worker, key, partial(nearest_first, worker))
     hold(key, payload)
     return payload
