@@ -13,8 +13,9 @@ which).
   async, frames/s against the ideal (the collectors times one env stepping alone
   here), with the links shaped and unshaped, interleaved (``--pairs``).
 - **Weights** (P3 over hosts): a ``--sizes-mb`` update to every collector on the
-  first 1, 2, ... 4 hosts through the Dask route (one scatter, replicated between
-  the workers; the driver's shared memory is off, as it is for other hosts), timed
+  first 1, 2, ... 4 hosts through the Dask route (one scatter, then host to host
+  along daskcollect's tree; the driver's shared memory is off, as it is for other
+  hosts), timed
   as in ``broadcast.py`` (update plus a one-frame sync batch, minus that batch),
   against one point-to-point transfer of the same payload to one worker, and
   against Dask's own ``scatter(..., broadcast=True)`` to the same workers (the

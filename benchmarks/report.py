@@ -218,7 +218,7 @@ def plot_cross_host(png: str) -> None:
         sides = sorted(s)
         axes[2].bar(range(len(sides)), [s[k]["fps/ideal"] for k in sides], color="tab:blue")
         axes[2].set_xticks(range(len(sides)), sides, fontsize=8)
-        axes[2].set(title=f"Collection over {r['collection']['collectors']} collectors on 4 hosts",
+        axes[2].set(title=f"Collection over {r['collection']['collectors']} collectors on {r['args']['hosts']} hosts",
                     ylabel="frames/s ÷ ideal", ylim=(0, 1.05))  # fmt: skip
     _save(fig, png)
 

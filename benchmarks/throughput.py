@@ -6,7 +6,7 @@ on shared machines. The first batch of every run is excluded from timing.
 
     python benchmarks/throughput.py --env CartPole-v1 --workers 2 --pairs 7
     python benchmarks/throughput.py --against ray      # P5: TorchRL's RayCollector instead
-    python benchmarks/throughput.py --num-envs 16 --frames-per-batch 1600 --total-frames 33600  # P8
+    python benchmarks/throughput.py --num-envs 8 --frames-per-batch 800 --total-frames 16800  # P8
 
 P8 (``--num-envs`` above 1) gives every collector gymnasium's vector env
 (``GymEnv(env, num_envs=...)``: an ``AsyncVectorEnv``, one process per env, one
