@@ -23,7 +23,13 @@ from typing import Any
 import numpy as np
 import torch
 from distributed.protocol.serialize import dask_deserialize, dask_serialize
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
+
+# Rebuilds a TensorDict without re-checking its leaves' shapes and devices,
+# which the sender's TensorDict already satisfied: about 4 us against 24 us
+# for the public constructor on a rollout batch (docs/scale.md). Any
+# tensordict without it takes the public constructor.
+_new_tensordict = getattr(TensorDict, "_new_unsafe", TensorDict)
 
 
 def byte_view(tensor: torch.Tensor) -> np.ndarray:
@@ -33,10 +39,12 @@ def byte_view(tensor: torch.Tensor) -> np.ndarray:
 
 def from_byte_view(data: Any, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
     """The inverse of :func:`byte_view`: a tensor over ``data``'s memory (copied if read-only)."""
-    array = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
-    if not array.flags.writeable:
-        array = array.copy()  # torch tensors must own writable memory
-    return torch.from_numpy(array).view(dtype).reshape(shape)
+    view = memoryview(data)
+    if view.readonly:
+        data = bytearray(view)  # torch tensors must own writable memory
+    if not view.nbytes:
+        return torch.empty(shape, dtype=dtype)  # frombuffer refuses an empty buffer
+    return torch.frombuffer(data, dtype=dtype).view(shape)
 
 
 def _rebuild_tensor(data: Any, dtype: torch.dtype, shape: tuple, requires_grad: bool) -> torch.Tensor:
@@ -46,12 +54,46 @@ def _rebuild_tensor(data: Any, dtype: torch.dtype, shape: tuple, requires_grad: 
     return tensor
 
 
+def _rebuild_tensordict(keys: tuple, values: tuple, batch_size: tuple, device: Any, names: Any) -> TensorDict:
+    return _new_tensordict(
+        dict(zip(keys, values)), batch_size=torch.Size(batch_size), device=device, names=names
+    )
+
+
+def _reduce_tensordict(td: TensorDict) -> tuple | None:
+    """A plain TensorDict (tensors and plain TensorDicts only, unlocked) as its keys and values.
+
+    Its nested TensorDicts and tensors are reduced in turn by the pickler.
+    TensorDict's own pickling goes through a generic state dict and rebuilds
+    through the checking constructor: on a 13-leaf rollout batch this path
+    loads in about a third of the time. Anything else (non-tensor data, lazy
+    stacks, locked TensorDicts) returns ``None`` and keeps TensorDict's own.
+    """
+    if td.is_locked:
+        return None
+    keys, values = [], []
+    for key, value in td.items():
+        if type(value) is not torch.Tensor and type(value) is not TensorDict:
+            return None
+        keys.append(key)
+        values.append(value)
+    names = td.names
+    names = None if all(name is None for name in names) else names
+    return _rebuild_tensordict, (tuple(keys), tuple(values), tuple(td.batch_size), td.device, names)
+
+
 class _OutOfBandPickler(pickle.Pickler):
-    """Pickles plain CPU tensors as out-of-band byte buffers."""
+    """Pickles plain CPU tensors as out-of-band byte buffers, and plain TensorDicts as their items."""
 
     def reducer_override(self, obj):
-        if type(obj) is torch.Tensor and obj.device.type == "cpu" and obj.layout == torch.strided:
-            return _rebuild_tensor, (byte_view(obj), obj.dtype, tuple(obj.shape), obj.requires_grad)
+        kind = type(obj)
+        if kind is torch.Tensor and obj.device.type == "cpu" and obj.layout == torch.strided:
+            data = pickle.PickleBuffer(byte_view(obj))  # out of band as the frame itself, not a NumPy array
+            return _rebuild_tensor, (data, obj.dtype, tuple(obj.shape), obj.requires_grad)
+        if kind is TensorDict:
+            reduced = _reduce_tensordict(obj)
+            if reduced is not None:
+                return reduced
         return NotImplemented
 
 

@@ -49,9 +49,30 @@ def nested_td() -> TensorDict:
     )
 
 
+def plain_td() -> TensorDict:
+    """Tensors and TensorDicts only: the fast path, with partial names and a nested TensorDict of
+    more batch dims than its parent."""
+    return TensorDict(
+        {
+            "obs": torch.randn(10, 4),
+            "empty": torch.zeros(10, 0),
+            "scalar": torch.tensor(3.0).expand(10),  # not contiguous
+            "inner": TensorDict(
+                {"x": torch.arange(30).reshape(10, 3)}, batch_size=[10, 3], names=["time", "arm"]
+            ),
+        },
+        batch_size=[10],
+        names=["time"],
+    )
+
+
 def assert_same(a, b) -> None:
     assert type(a) is type(b)
     assert a.batch_size == b.batch_size and a.names == b.names and a.device == b.device
+    assert a._has_names() == b._has_names()
+    for key in a.keys(True):
+        if isinstance(a.get(key), TensorDict):  # nested ones keep their own batch dims and names
+            assert a.get(key).batch_size == b.get(key).batch_size and a.get(key).names == b.get(key).names
     assert set(a.keys(True, True)) == set(b.keys(True, True))
     for key in a.keys(True, True):
         x, y = a[key], b[key]
@@ -68,8 +89,10 @@ def assert_same(a, b) -> None:
         nested_td,
         lambda: nested_td().to("cpu"),  # device="cpu" is kept
         lambda: LazyStackedTensorDict(*[nested_td(), nested_td()], stack_dim=0),
+        plain_td,
+        lambda: plain_td().to("cpu"),
     ],
-    ids=["nested", "on-cpu", "lazy-stack"],
+    ids=["nested", "on-cpu", "lazy-stack", "plain", "plain-on-cpu"],
 )
 def test_roundtrip_through_dask_protocol(make):
     td = make()
