@@ -5,10 +5,11 @@ framing, TCP reads and writes and the event loop's hand-offs; see
 docs/scale.md), about four times what TorchRL's multiprocess collectors spend
 on a batch through their pipes. For a collector whose worker shares the
 driver's host (it reads the driver's shared-memory probe), the lane carries the
-same call over a ``multiprocessing`` connection on a Unix socket, as TorchRL's
-pipes do: the driver sends the weights reference, the worker answers with the
-rollout record, its batch's tensors as out-of-band buffers
-(:func:`daskcollect.serialization.dumps`).
+same call over a Unix socket, as TorchRL's pipes do (admitted by
+``multiprocessing``'s key handshake): the driver sends the weights reference,
+the worker answers with the rollout record in one message, its batch's tensors
+as out-of-band frames (:func:`daskcollect.serialization.dumps`) gathered from
+their memory on the way out and rebuilt over one buffer on the way in.
 
 Dask still starts, places, watches and closes the actors; only the rollout
 calls move. A worker that dies closes its end, which the driver reads as the
@@ -25,11 +26,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import selectors
 import socket
+import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.connection import Client, Connection, Listener, wait
+from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
 from daskcollect.serialization import dumps, loads
@@ -45,39 +48,108 @@ class LaneAddress:
     authkey: bytes
 
 
-def send(conn: Connection, obj: Any) -> None:
-    """Sends ``obj`` with its tensors as out-of-band frames: their sizes first, then each frame."""
-    frames = dumps(obj)
-    conn.send([memoryview(f).nbytes for f in frames])
-    for frame in frames:
-        conn.send_bytes(frame)
+# A message: its body's length and frame count, then the body: the frames'
+# sizes, then each frame, each part padded to _ALIGN bytes, so that every
+# tensor rebuilt over the received body starts aligned. Two reads and one gathered write a
+# message, whatever the number of tensors.
+_PREFIX = struct.Struct("<QI")
+_ALIGN = 16
 
 
-def receive(conn: Connection) -> Any:
-    """The inverse of :func:`send`; the tensors are rebuilt over writable buffers, without a copy."""
-    frames = []
-    for size in conn.recv():
-        frame = bytearray(size)
-        if size:
-            conn.recv_bytes_into(frame)
-        else:
-            conn.recv_bytes()
-        frames.append(frame)
-    return loads(frames)
+def _padding(size: int) -> int:
+    return -size % _ALIGN
 
 
-def hang_up(conn: Connection) -> None:
-    """Shuts the socket down, then closes it: a thread blocked reading it, here or at the other
-    end, wakes up to end-of-file (a plain close wakes neither). Idempotent."""
-    if conn.closed:
-        return
-    with contextlib.suppress(OSError):
-        sock = socket.socket(fileno=conn.fileno())
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        finally:
-            sock.detach()  # the connection owns the descriptor and closes it
+class LaneEnd:
+    """One end of a lane connection: whole messages over a connected stream socket.
+
+    Args:
+        sock: The socket, connected and admitted (it is owned from here on).
+    """
+
+    def __init__(self, sock: socket.socket):
+        self._sock = sock
+        self._sending = threading.Lock()
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    @property
+    def closed(self) -> bool:
+        return self._sock.fileno() < 0
+
+    def send(self, obj: Any) -> None:
+        """Sends ``obj``; its tensors go as out-of-band frames, gathered from their memory (no copy).
+
+        Raises:
+            OSError: If the other end is gone.
+        """
+        frames = [memoryview(f).cast("B") for f in dumps(obj)]
+        sizes = [f.nbytes for f in frames]
+        table = struct.pack(f"<{len(frames)}Q", *sizes)
+        table += bytes(_padding(len(table)))
+        body = len(table) + sum(size + _padding(size) for size in sizes)
+        parts: list[Any] = [_PREFIX.pack(body, len(frames)), table]
+        for frame, size in zip(frames, sizes):
+            parts.append(frame)
+            if _padding(size):
+                parts.append(bytes(_padding(size)))
+        with self._sending:
+            _send_all(self._sock, parts)
+
+    def receive(self) -> Any:
+        """The next message, rebuilt over one writable buffer without another copy.
+
+        Raises:
+            EOFError: If the other end closed.
+        """
+        prefix = bytearray(_PREFIX.size)
+        _read_exact(self._sock, memoryview(prefix))
+        body_size, count = _PREFIX.unpack(prefix)
+        body = memoryview(bytearray(body_size))
+        _read_exact(self._sock, body)
+        sizes = struct.unpack_from(f"<{count}Q", body)
+        frames, offset = [], 8 * count + _padding(8 * count)
+        for size in sizes:
+            frames.append(body[offset : offset + size])
+            offset += size + _padding(size)
+        return loads(frames)
+
+    def hang_up(self) -> None:
+        """Shuts the socket down, then closes it: a thread blocked reading it, here or at the other
+        end, wakes up to end-of-file (a plain close wakes neither). Idempotent."""
+        if self.closed:
+            return
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+
+
+def _send_all(sock: socket.socket, parts: list[Any]) -> None:
+    views = [memoryview(p).cast("B") for p in parts]
+    while views:
+        sent = sock.sendmsg(views)
+        while views and sent >= views[0].nbytes:
+            sent -= views[0].nbytes
+            views.pop(0)
+        if views and sent:
+            views[0] = views[0][sent:]
+
+
+def _read_exact(sock: socket.socket, view: memoryview) -> None:
+    while view.nbytes:
+        got = sock.recv_into(view)
+        if not got:
+            raise EOFError("the lane closed")
+        view = view[got:]
+
+
+def _admitted(conn: Connection) -> LaneEnd:
+    """The socket under a ``multiprocessing`` connection that has done the key handshake."""
+    sock = socket.socket(fileno=os.dup(conn.fileno()))
     conn.close()
+    sock.setblocking(True)
+    return LaneEnd(sock)
 
 
 class LaneServer:
@@ -94,12 +166,16 @@ class LaneServer:
         self.address = LaneAddress(os.path.join(directory, "lane.sock"), os.urandom(16))
         self._listener = Listener(self.address.path, family="AF_UNIX", authkey=self.address.authkey)
         self._on_answer = on_answer
-        self._conns: dict[int, Connection] = {}
-        self._by_conn: dict[Connection, int] = {}
+        self._conns: dict[int, LaneEnd] = {}
         self._changed = threading.Condition()
+        self._joining: list[tuple[int, LaneEnd]] = []
+        self._leaving: list[LaneEnd] = []
         self._closed = False
-        # A pipe that wakes the reader when a connection joins or the server closes.
+        # The reader's selector is only touched on its thread; joins and drops
+        # are handed over through the lists above and this wake-up pipe.
+        self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._threads = [
             threading.Thread(target=self._accept, name="daskcollect-lane-accept", daemon=True),
             threading.Thread(target=self._read, name="daskcollect-lane-read", daemon=True),
@@ -107,7 +183,7 @@ class LaneServer:
         for thread in self._threads:
             thread.start()
 
-    def connection(self, uid: int, timeout: float) -> Connection | None:
+    def connection(self, uid: int, timeout: float) -> LaneEnd | None:
         """The connection of actor ``uid``, waited for (bounded); ``None`` if it did not connect."""
         with self._changed:
             self._changed.wait_for(lambda: uid in self._conns or self._closed, timeout)
@@ -116,11 +192,14 @@ class LaneServer:
     def drop(self, uid: int) -> None:
         """Closes actor ``uid``'s connection (its worker's lane thread then stops)."""
         with self._changed:
-            conn = self._conns.pop(uid, None)
-            if conn is not None:
-                self._by_conn.pop(conn, None)
-        if conn is not None:
-            hang_up(conn)
+            end = self._conns.pop(uid, None)
+            if end is not None:
+                self._leaving.append(end)
+        if end is not None:
+            self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # closed: the reader has gone already
             os.write(self._wake_w, b"x")
 
     def _accept(self) -> None:
@@ -128,40 +207,56 @@ class LaneServer:
             try:
                 conn = self._listener.accept()
                 uid = int(conn.recv())
+                end = _admitted(conn)
             except Exception as exc:  # a bad key, a closed listener, a peer gone at once
                 if not self._closed:
                     logger.debug("lane: a connection was refused (%s)", exc)
                 continue
             with self._changed:
-                self._conns[uid] = conn
-                self._by_conn[conn] = uid
+                self._conns[uid] = end
+                self._joining.append((uid, end))
                 self._changed.notify_all()
-            os.write(self._wake_w, b"x")
+            self._wake()
+
+    def _update_selector(self) -> None:
+        """Registers joined connections and closes dropped ones (on the reader thread)."""
+        os.read(self._wake_r, 4096)
+        with self._changed:
+            joining, self._joining = self._joining, []
+            leaving, self._leaving = self._leaving, []
+        for uid, end in joining:
+            if not end.closed:  # dropped before it was ever read
+                self._selector.register(end, selectors.EVENT_READ, uid)
+        for end in leaving:
+            self._forget(end)
+
+    def _forget(self, end: LaneEnd) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(end)
+        end.hang_up()
 
     def _read(self) -> None:
         while not self._closed:
-            with self._changed:
-                conns = list(self._by_conn)
-            try:
-                ready_list = wait([self._wake_r, *conns], timeout=1.0)
-            except (OSError, ValueError):  # a connection closed under the wait: look again
-                continue
-            for ready in ready_list:
-                if ready == self._wake_r:
-                    os.read(self._wake_r, 4096)
+            for key, _ in self._selector.select(timeout=1.0):
+                if key.data is None:
+                    self._update_selector()
                     continue
-                uid = self._by_conn.get(ready)
-                if uid is None:
-                    continue  # dropped meanwhile
+                end, uid = key.fileobj, key.data
+                if end.closed:
+                    continue  # dropped during this round
                 try:
-                    answer = receive(ready)
+                    answer = end.receive()
                 except (EOFError, OSError):
                     answer = None
                     with self._changed:
-                        self._conns.pop(uid, None)
-                        self._by_conn.pop(ready, None)
-                    ready.close()
+                        if self._conns.get(uid) is end:
+                            del self._conns[uid]
+                    self._forget(end)
                 self._on_answer(uid, answer)
+        for key in list(self._selector.get_map().values()):
+            if key.data is not None:
+                key.fileobj.hang_up()
+        self._selector.close()
 
     def close(self) -> None:
         """Closes every connection and the socket (idempotent)."""
@@ -169,11 +264,12 @@ class LaneServer:
             return
         self._closed = True
         with self._changed:
-            conns, self._conns, self._by_conn = list(self._conns.values()), {}, {}
+            ends, self._conns = list(self._conns.values()), {}
+            ends += [end for _, end in self._joining] + self._leaving
             self._changed.notify_all()
-        for conn in conns:
-            hang_up(conn)
-        os.write(self._wake_w, b"x")
+        for end in ends:
+            end.hang_up()  # wakes the workers' lane threads at once
+        self._wake()
         self._listener.close()  # the accept thread's accept() fails and it ends
         for thread in self._threads:
             thread.join(timeout=5)
@@ -197,8 +293,9 @@ class LaneClient:
     """
 
     def __init__(self, address: LaneAddress, uid: int, serve: Callable[[Any], tuple[bool, Any]]):
-        self._conn = Client(address.path, family="AF_UNIX", authkey=address.authkey)
-        self._conn.send(uid)
+        conn = Client(address.path, family="AF_UNIX", authkey=address.authkey)
+        conn.send(uid)
+        self._end = _admitted(conn)
         self._serve = serve
         self._thread = threading.Thread(target=self._loop, name=f"daskcollect-lane-{uid}", daemon=True)
         self._thread.start()
@@ -206,17 +303,17 @@ class LaneClient:
     def _loop(self) -> None:
         while True:
             try:
-                request = self._conn.recv()
+                request = self._end.receive()
             except (EOFError, OSError):
                 return
             answer = self._serve(request)
             try:
-                send(self._conn, answer)
+                self._end.send(answer)
             except (EOFError, OSError):
                 return
             except Exception as exc:  # an exception that does not pickle: send what it says
-                send(self._conn, (False, RuntimeError(f"{type(answer[1]).__name__}: {answer[1]} ({exc})")))
+                self._end.send((False, RuntimeError(f"{type(answer[1]).__name__}: {answer[1]} ({exc})")))
 
     def close(self) -> None:
         """Closes this end (idempotent); the serving thread ends."""
-        hang_up(self._conn)
+        self._end.hang_up()

@@ -41,6 +41,37 @@ def test_a_request_and_its_answer_cross_the_lane_and_a_closed_end_is_reported(tm
     assert not (tmp_path / "lane.sock").exists()
 
 
+def test_a_large_batch_of_odd_sizes_crosses_the_lane_intact_and_aligned(tmp_path):
+    """One message carries many frames: a 4 MB one, odd sizes, an empty tensor, bfloat16, nesting."""
+    answers: queue.SimpleQueue = queue.SimpleQueue()
+    server = LaneServer(str(tmp_path), lambda uid, answer: answers.put((uid, answer)))
+    sent = TensorDict(
+        {
+            "pixels": torch.randint(0, 256, (64, 128, 128, 4), dtype=torch.uint8),  # 4 MB
+            "odd": torch.randint(0, 256, (3, 7), dtype=torch.uint8),
+            "empty": torch.zeros(0, 5),
+            "half": torch.randn(5, 3).to(torch.bfloat16),
+            "next": {"obs": torch.randn(5, 3, dtype=torch.float64)},
+            "done": torch.zeros(5, 1, dtype=torch.bool),
+        },
+        batch_size=[],
+    )
+    try:
+        client = LaneClient(server.address, 3, lambda request: (True, sent))
+        conn = server.connection(3, timeout=10)
+        for _ in range(3):  # back to back on the same connection
+            conn.send(None)
+            uid, (ok, got) = answers.get(timeout=30)
+            assert (uid, ok) == (3, True)
+            for key in sent.keys(True, True):
+                assert got[key].dtype == sent[key].dtype and torch.equal(got[key], sent[key]), key
+                if got[key].numel():
+                    assert got[key].data_ptr() % 16 == 0, key  # rebuilt aligned inside the one buffer
+        client.close()
+    finally:
+        server.close()
+
+
 def test_a_wrong_key_is_refused(tmp_path):
     from daskcollect.lane import LaneAddress
 
