@@ -112,6 +112,15 @@ def connect(options: ClusterOptions, n_workers: int, settings: Settings) -> Clus
             cluster = _local_cluster(options, n_workers, settings)
         try:
             client = Client(cluster, direct_to_workers=True, set_as_default=False, timeout=timeout)
+        except (OSError, TimeoutError) as exc:
+            cluster.close()
+            raise ClusterConnectionError(
+                f"The private LocalCluster's scheduler (in this process) did not answer within "
+                f"{timeout:g}s ({type(exc).__name__}: {exc}); starting {n_workers} worker processes "
+                "kept it too busy. Ask for fewer collectors, raise daskcollect.timeouts.connect, or "
+                "pass client= a cluster started on its own.",
+                address=cluster.scheduler_address,
+            ) from exc
         except BaseException:
             cluster.close()
             raise
@@ -134,6 +143,7 @@ def _local_cluster(options: ClusterOptions, n_workers: int, settings: Settings) 
         processes=True,
         host=settings.local_host,
         dashboard_address=settings.local_dashboard_address,
+        memory_limit=settings.local_memory_limit,
         resources=dict(options.worker_resources) if options.worker_resources else None,
         security=options.security,
     )

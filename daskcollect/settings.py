@@ -125,6 +125,7 @@ class Settings:
     max_unreleased: int
     local_host: str
     local_dashboard_address: str | None
+    local_memory_limit: str | float | None
     local_cluster_config: dict
     worker: WorkerSettings
 
@@ -158,6 +159,7 @@ class Settings:
             max_unreleased=section["memmap"]["max-unreleased"],
             local_host=local["host"],
             local_dashboard_address=local["dashboard-address"],
+            local_memory_limit=local["memory-limit"],
             local_cluster_config=dict(local["cluster-config"] or {}),
             worker=WorkerSettings(
                 torch_threads=worker["torch-threads"],

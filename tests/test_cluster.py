@@ -175,3 +175,18 @@ def test_a_scheduler_file_that_never_appears_is_a_clear_error(tmp_path):
             DaskCollector(make_cartpole, frames_per_batch=10, scheduler_file=path)
     assert time.monotonic() - start < 15 and info.value.path == path
     assert "dask scheduler --scheduler-file" in str(info.value)
+
+
+@pytest.mark.parametrize(("setting", "expected"), [(None, 0), ("1GiB", 2**30)])
+def test_private_cluster_workers_memory_limit(setting, expected):
+    """No per-worker limit by default (Dask would split the host by the number of workers and restart
+    collectors whose shared torch libraries push them over); a given one is passed on."""
+    import dask
+
+    with dask.config.set({"daskcollect.local-cluster.memory-limit": setting}):
+        with DaskCollector(
+            make_cartpole, frames_per_batch=20, total_frames=40, num_collectors=1
+        ) as collector:
+            workers = collector.client.scheduler_info(n_workers=-1)["workers"].values()
+            assert [w["memory_limit"] or 0 for w in workers] == [expected]
+            assert sum(b.numel() for b in collector) == 40
