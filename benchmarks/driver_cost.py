@@ -12,7 +12,8 @@ batch, async mode. For each collector count N, interleaved in one process:
 
 Each run is timed for --seconds after its first batch. "Driver ms/batch" is the
 driver process's CPU time (user + system, every thread) over that window,
-divided by the batches yielded; "fps / ideal" is frames/s over N x the frames/s
+divided by the batches yielded, also split by the driver's threads (Dask's event
+loop, the local lane's reader, the iteration, others); "fps / ideal" is frames/s over N x the frames/s
 of one env stepping alone (1 / (step + its CPU), measured once). The
 proportional set size (PSS) of the collector processes is summed at the end of
 each run (psutil; shared library pages counted once across them).
@@ -29,6 +30,7 @@ import argparse
 import os
 import subprocess
 import sys
+import threading
 import time
 import warnings
 
@@ -61,22 +63,49 @@ def pss_mb(pids: list[int]) -> float:
     return total / 1e6
 
 
+#: The driver's threads by role: Dask's event loop (the client, and in a private
+#: cluster its scheduler and nannies), the local lane's reader, the iteration.
+THREAD_ROLES = {"IO loop": "event_loop", "daskcollect-lane-read": "lane", "MainThread": "iteration"}
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) of this process's threads so far, summed by role."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        role = THREAD_ROLES.get(names.get(int(tid), ""), "other")
+        out[role] = out.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def measure(collector, seconds: float, pids) -> dict[str, float]:
     """Frames/s, batches (and per second) and the driver's CPU per batch over ``seconds`` after the
-    first batch, and the PSS of the processes ``pids()`` names; shuts the collector down."""
+    first batch, in all and by thread role, and the PSS of the processes ``pids()`` names; shuts the
+    collector down."""
     me = psutil.Process()
     try:
         it = iter(collector)
         next(it)
-        cpu0, frames, batches = sum(me.cpu_times()[:2]), 0, 0
+        cpu0, threads0, frames, batches = sum(me.cpu_times()[:2]), thread_cpu(), 0, 0
         start = time.perf_counter()
         while time.perf_counter() - start < seconds:
             frames += next(it).numel()
             batches += 1
         elapsed = time.perf_counter() - start
         cpu = sum(me.cpu_times()[:2]) - cpu0
+        threads = thread_cpu()
+        split = {
+            f"{role}_ms_per_batch": 1e3 * (threads.get(role, 0.0) - threads0.get(role, 0.0)) / batches
+            for role in (*THREAD_ROLES.values(), "other")
+        }
         return {"fps": frames / elapsed, "batches": batches, "batches_per_s": batches / elapsed,
-                "driver_ms_per_batch": 1e3 * cpu / batches, "pss_mb": pss_mb(pids())}  # fmt: skip
+                "driver_ms_per_batch": 1e3 * cpu / batches, **split, "pss_mb": pss_mb(pids())}  # fmt: skip
     finally:
         collector.shutdown()
 
@@ -165,7 +194,8 @@ def main() -> None:
                 raw.setdefault(str(n), {}).setdefault(side, []).append(r)
                 print(f"N={n:3d} {side:8s} {r['fps']:8.0f} frames/s  fps/ideal {r['fps/ideal']:.3f}  driver "
                       f"{r['driver_ms_per_batch']:.2f} ms/batch  PSS {r['pss_mb']:.0f} MB", flush=True)  # fmt: skip
-    summary = medians(raw, ("driver_ms_per_batch", "fps/ideal", "pss_mb"))
+    roles = [f"{role}_ms_per_batch" for role in (*THREAD_ROLES.values(), "other")]
+    summary = medians(raw, ("driver_ms_per_batch", "fps/ideal", "pss_mb", *roles))
     name = "driver_cost-external" if args.external else "driver_cost"
     save(
         {**header("P7-driver-cost", args), "single_env_fps": one, "raw": raw, "summary": summary},
@@ -178,6 +208,11 @@ def main() -> None:
         print(f"{n:>4} {r['dask_driver_ms_per_batch']:10.2f} {r['torchrl_driver_ms_per_batch']:12.2f} "
               f"{r['dask_fps/ideal']:14.3f} {r['torchrl_fps/ideal']:17.3f} {r['dask_pss_mb']:11.0f} "
               f"{r['torchrl_pss_mb']:14.0f}")  # fmt: skip
+    for n, r in summary.items():
+        split = ", ".join(
+            f"{role} {r[f'dask_{role}_ms_per_batch']:.2f}" for role in (*THREAD_ROLES.values(), "other")
+        )
+        print(f"{n:>4} dask driver ms/batch by thread: {split}")
 
 
 if __name__ == "__main__":

@@ -168,11 +168,16 @@ def plot_scale(png: str) -> None:
     fig, (a, b, c) = _figure()
     p7 = load("driver_cost")
     if p7:
-        ns = sorted(int(n) for n in p7["summary"])
-        s = p7["summary"]
+        s = {**p7["summary"], **(load("driver_cost_64") or {}).get("summary", {})}  # 64: a run of its own
+        ns = sorted(int(n) for n in s)
         for side, label in (("dask", "DaskCollector async"), ("torchrl", "MultiAsyncCollector")):
             a.plot(ns, [s[str(n)][f"{side}_driver_ms_per_batch"] for n in ns], marker="o", label=label)
             b.plot(ns, [s[str(n)][f"{side}_fps/ideal"] for n in ns], marker="o", label=label)
+        if all("dask_lane_ms_per_batch" in s[str(n)] for n in ns):
+            per_batch = [
+                s[str(n)]["dask_lane_ms_per_batch"] + s[str(n)]["dask_iteration_ms_per_batch"] for n in ns
+            ]
+            a.plot(ns, per_batch, marker="o", ls="--", label="DaskCollector: lane + iteration threads only")
         a.set(title="P7: driver CPU per batch (private cluster)", xlabel="collectors", ylabel="ms / batch",
               xticks=ns, ylim=(0, None))  # fmt: skip
         b.set(title="P7: frames/s ÷ ideal", xlabel="collectors", ylabel="ratio", xticks=ns, ylim=(0, 1.05))
