@@ -66,6 +66,7 @@ def pss_mb(pids: list[int]) -> float:
 #: The driver's threads by role: Dask's event loop (the client, and in a private
 #: cluster its scheduler and nannies), the local lane's reader, the iteration.
 THREAD_ROLES = {"IO loop": "event_loop", "daskcollect-lane-read": "lane", "MainThread": "iteration"}
+ROLES = (*THREAD_ROLES.values(), "other")
 
 
 def thread_cpu() -> dict[str, float]:
@@ -102,7 +103,7 @@ def measure(collector, seconds: float, pids) -> dict[str, float]:
         threads = thread_cpu()
         split = {
             f"{role}_ms_per_batch": 1e3 * (threads.get(role, 0.0) - threads0.get(role, 0.0)) / batches
-            for role in (*THREAD_ROLES.values(), "other")
+            for role in ROLES
         }
         return {"fps": frames / elapsed, "batches": batches, "batches_per_s": batches / elapsed,
                 "driver_ms_per_batch": 1e3 * cpu / batches, **split, "pss_mb": pss_mb(pids())}  # fmt: skip
@@ -194,8 +195,9 @@ def main() -> None:
                 raw.setdefault(str(n), {}).setdefault(side, []).append(r)
                 print(f"N={n:3d} {side:8s} {r['fps']:8.0f} frames/s  fps/ideal {r['fps/ideal']:.3f}  driver "
                       f"{r['driver_ms_per_batch']:.2f} ms/batch  PSS {r['pss_mb']:.0f} MB", flush=True)  # fmt: skip
-    roles = [f"{role}_ms_per_batch" for role in (*THREAD_ROLES.values(), "other")]
-    summary = medians(raw, ("driver_ms_per_batch", "fps/ideal", "pss_mb", *roles))
+    summary = medians(
+        raw, ("driver_ms_per_batch", "fps/ideal", "pss_mb", *(f"{r}_ms_per_batch" for r in ROLES))
+    )
     name = "driver_cost-external" if args.external else "driver_cost"
     save(
         {**header("P7-driver-cost", args), "single_env_fps": one, "raw": raw, "summary": summary},
@@ -209,9 +211,7 @@ def main() -> None:
               f"{r['dask_fps/ideal']:14.3f} {r['torchrl_fps/ideal']:17.3f} {r['dask_pss_mb']:11.0f} "
               f"{r['torchrl_pss_mb']:14.0f}")  # fmt: skip
     for n, r in summary.items():
-        split = ", ".join(
-            f"{role} {r[f'dask_{role}_ms_per_batch']:.2f}" for role in (*THREAD_ROLES.values(), "other")
-        )
+        split = ", ".join(f"{role} {r[f'dask_{role}_ms_per_batch']:.2f}" for role in ROLES)
         print(f"{n:>4} dask driver ms/batch by thread: {split}")
 
 

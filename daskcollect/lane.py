@@ -60,6 +60,11 @@ def _padding(size: int) -> int:
     return -size % _ALIGN
 
 
+def _table_size(count: int) -> int:
+    """Bytes of a message's size table for ``count`` frames, padding included."""
+    return 8 * count + _padding(8 * count)
+
+
 class LaneEnd:
     """One end of a lane connection: whole messages over a connected stream socket.
 
@@ -84,10 +89,9 @@ class LaneEnd:
         Raises:
             OSError: If the other end is gone.
         """
-        frames = [memoryview(f).cast("B") for f in dumps(obj)]
-        sizes = [f.nbytes for f in frames]
-        table = struct.pack(f"<{len(frames)}Q", *sizes)
-        table += bytes(_padding(len(table)))
+        frames = dumps(obj)
+        sizes = [memoryview(f).nbytes for f in frames]
+        table = struct.pack(f"<{len(frames)}Q", *sizes).ljust(_table_size(len(frames)), b"\0")
         body = len(table) + sum(size + _padding(size) for size in sizes)
         parts: list[Any] = [_PREFIX.pack(body, len(frames)), table]
         for frame, size in zip(frames, sizes):
@@ -109,7 +113,7 @@ class LaneEnd:
         body = memoryview(bytearray(body_size))
         _read_exact(self._sock, body)
         sizes = struct.unpack_from(f"<{count}Q", body)
-        frames, offset = [], 8 * count + _padding(8 * count)
+        frames, offset = [], _table_size(count)
         for size in sizes:
             frames.append(body[offset : offset + size])
             offset += size + _padding(size)
