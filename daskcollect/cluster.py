@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import dask.config
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, Nanny
 
 from daskcollect.errors import ClusterConnectionError, NotEnoughWorkersError
 from daskcollect.main_guard import check_main_guard
@@ -136,9 +136,27 @@ def connect(options: ClusterOptions, n_workers: int, settings: Settings) -> Clus
     return handle
 
 
+class DriverNanny(Nanny):
+    """A private cluster's nanny, without its own process monitors.
+
+    Every nanny of a private ``LocalCluster`` runs in the driver's process, on
+    its event loop, beside the scheduler, whose monitors already sample that
+    process (psutil) and time that loop. Each nanny's copies would do it again:
+    at 16 workers, 9 to 15 of the 26 to 32 ms of CPU a second that an idle private
+    cluster costs the driver (docs/benchmarks.md, P7). The nanny's own work
+    (starting, restarting and watching its worker process) is untouched.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        for name in ("monitor", "tick", "ticks", "shift_counters"):
+            self.periodic_callbacks.pop(name, None)
+
+
 def _local_cluster(options: ClusterOptions, n_workers: int, settings: Settings) -> LocalCluster:
     return LocalCluster(
         n_workers=n_workers,
+        worker_class=DriverNanny,
         threads_per_worker=1,
         processes=True,
         host=settings.local_host,

@@ -190,3 +190,27 @@ def test_private_cluster_workers_memory_limit(setting, expected):
             workers = collector.client.scheduler_info(n_workers=-1)["workers"].values()
             assert [w["memory_limit"] or 0 for w in workers] == [expected]
             assert sum(b.numel() for b in collector) == 40
+
+
+def test_private_cluster_nannies_restart_workers_without_monitoring_the_driver_again():
+    """The nannies of a private cluster share the driver's process and event loop with its scheduler:
+    they leave measuring both to the scheduler, and still restart a worker that dies."""
+    import signal
+
+    import psutil
+
+    with DaskCollector(make_cartpole, frames_per_batch=20, total_frames=-1, num_collectors=1) as collector:
+        cluster = collector.client.cluster
+        assert "monitor" in cluster.scheduler.periodic_callbacks
+        for nanny in cluster.workers.values():
+            assert not {"monitor", "tick", "ticks"} & set(nanny.periodic_callbacks)
+
+        def worker_pids() -> set[int]:
+            return {nanny.pid for nanny in cluster.workers.values()} - {None}
+
+        (pid,) = worker_pids()
+        batches = iter(collector)
+        assert next(batches).numel() == 20
+        psutil.Process(pid).send_signal(signal.SIGKILL)
+        assert wait_until(lambda: len(worker_pids() - {pid}) == 1, timeout=60)
+        assert next(batches).numel() == 20  # its collector is rebuilt on the restarted worker
