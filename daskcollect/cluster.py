@@ -142,7 +142,7 @@ class DriverNanny(Nanny):
     Every nanny of a private ``LocalCluster`` runs in the driver's process, on
     its event loop, beside the scheduler, whose monitors already sample that
     process (psutil) and time that loop. Each nanny's copies would do it again:
-    at 16 workers, 9 to 15 of the 26 to 32 ms of CPU a second that an idle private
+    at 16 workers, 9 to 17 of the 26 to 32 ms of CPU a second that an idle private
     cluster costs the driver (docs/benchmarks.md, P7). The nanny's own work
     (starting, restarting and watching its worker process) is untouched.
     """

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 import time
 
+import psutil
 import pytest
 from distributed import Client
 from helpers import noise, wait_until
@@ -195,10 +197,6 @@ def test_private_cluster_workers_memory_limit(setting, expected):
 def test_private_cluster_nannies_restart_workers_without_monitoring_the_driver_again():
     """The nannies of a private cluster share the driver's process and event loop with its scheduler:
     they leave measuring both to the scheduler, and still restart a worker that dies."""
-    import signal
-
-    import psutil
-
     with DaskCollector(make_cartpole, frames_per_batch=20, total_frames=-1, num_collectors=1) as collector:
         cluster = collector.client.cluster
         assert "monitor" in cluster.scheduler.periodic_callbacks
