@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -192,3 +193,11 @@ def test_performance_report_around_a_collection(client, tmp_path):
             frames = sum(b.numel() for b in c)
     assert frames == 1000
     assert path.stat().st_size > 10_000 and "Dask Performance Report" in path.read_text()
+
+
+def test_the_page_plugin_loads_without_torch():
+    """A scheduler unpickling the plugin pays for Jinja and Tornado, not for torch (3 s, 300 MB)."""
+    code = "import sys\nimport daskcollect.monitoring.dashboard\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False"

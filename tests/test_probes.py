@@ -14,8 +14,9 @@ import torch
 from torchrl.collectors import Collector, MultiSyncCollector
 from torchrl.envs import RewardSum, SerialEnv, StepCounter, TransformedEnv
 
+from daskcollect.monitoring.stats import TIME_PARTS
 from daskcollect.testing import make_cartpole, make_pendulum
-from daskcollect.worker.probes import TIME_PARTS, EpisodeTracker, TimeSplit
+from daskcollect.worker.probes import EpisodeTracker, TimeSplit
 
 
 def counted(maker):

@@ -32,7 +32,7 @@ from tornado import web
 
 from daskcollect.monitoring import charts
 from daskcollect.monitoring.history import History
-from daskcollect.worker.probes import TIME_PARTS
+from daskcollect.monitoring.stats import TIME_PARTS
 
 STATS_TOPIC = "daskcollect-stats"
 MONITOR_PLUGIN = "daskcollect-monitor"

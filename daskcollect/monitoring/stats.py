@@ -6,6 +6,11 @@ from dataclasses import asdict, dataclass, field, fields
 
 from daskcollect.errors import CollectorLostError
 
+#: The parts of a rollout's time, in the order the page stacks them. They live
+#: here, not with the probes that measure them, so that the scheduler's page
+#: plugin can name them without importing torch.
+TIME_PARTS = ("env", "policy", "weights", "output", "other")
+
 
 @dataclass
 class FailureCounters:

@@ -11,7 +11,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
-from daskcollect.worker.probes import TIME_PARTS
+from daskcollect.monitoring.stats import TIME_PARTS
 from daskcollect.worker.rollout import Rollout
 
 #: Rollouts of one collector that its time split averages over.

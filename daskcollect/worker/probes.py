@@ -14,8 +14,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-#: The parts of a rollout's time, in the order the page stacks them.
-TIME_PARTS = ("env", "policy", "weights", "output", "other")
+from daskcollect.monitoring.stats import TIME_PARTS
 
 
 class EpisodeTracker:

@@ -75,7 +75,7 @@ class Rollout:
             no ``("next", "reward")`` / ``("next", "done")``.
         episode_lengths: Their lengths in steps.
         time_split: Seconds of the rollout spent in each of
-            :data:`~daskcollect.worker.probes.TIME_PARTS`.
+            :data:`~daskcollect.monitoring.stats.TIME_PARTS`.
     """
 
     index: int
