@@ -37,15 +37,13 @@ from daskcollect.cluster import eligible_workers, live_workers
 from daskcollect.errors import CollectorBuildError, CollectorTimeoutError, DaskCollectError, RolloutError
 from daskcollect.lane import LaneServer
 from daskcollect.py_modules import missing_module_hint
+from daskcollect.retirement import ACTOR_KEY_PREFIX
 from daskcollect.settings import Settings
 from daskcollect.weights.payload import Sent, WeightsRef
 from daskcollect.worker.actor import CollectorActor
 from daskcollect.worker.rollout import ActorSpec, Rollout
 
 logger = logging.getLogger(__name__)
-
-#: Keys of daskcollect's actor tasks start with this (the scheduler plugins look for it).
-ACTOR_KEY_PREFIX = "daskcollect-actor-"
 
 
 @dataclass(eq=False)

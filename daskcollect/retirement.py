@@ -24,15 +24,21 @@ import asyncio
 import contextlib
 import logging
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from daskcollect import _dask
 from daskcollect.polling import apoll_until, poll_until
-from daskcollect.pool import ACTOR_KEY_PREFIX, ActorPool, Slot
+
+if TYPE_CHECKING:  # the pool loads torch; the scheduler unpickling the plugin must not
+    from daskcollect.pool import ActorPool, Slot
 
 logger = logging.getLogger(__name__)
+
+#: The key prefix of every daskcollect actor (the pool names them), by which
+#: the scheduler plugin tells them from other actors.
+ACTOR_KEY_PREFIX = "daskcollect-actor-"
 
 RETIRING_TOPIC = "daskcollect-retiring"
 RETIREMENT_PLUGIN = "daskcollect-graceful-retirement"

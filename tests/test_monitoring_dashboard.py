@@ -195,9 +195,14 @@ def test_performance_report_around_a_collection(client, tmp_path):
     assert path.stat().st_size > 10_000 and "Dask Performance Report" in path.read_text()
 
 
-def test_the_page_plugin_loads_without_torch():
-    """A scheduler unpickling the plugin pays for Jinja and Tornado, not for torch (3 s, 300 MB)."""
-    code = "import sys\nimport daskcollect.monitoring.dashboard\nprint('torch' in sys.modules)"
+def test_the_scheduler_plugins_load_without_torch():
+    """A scheduler unpickling daskcollect's plugins (this page's, retirement, membership)
+    pays for Jinja and Tornado, not for torch and tensordict (3 s and 300 MB)."""
+    code = (
+        "import sys\n"
+        "import daskcollect.membership, daskcollect.monitoring.dashboard, daskcollect.retirement\n"
+        "print('torch' in sys.modules, 'tensordict' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1] == "False"
+    assert out.stdout.strip().splitlines()[-1] == "False False"
