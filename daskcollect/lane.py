@@ -274,7 +274,11 @@ class LaneServer:
         for end in ends:
             end.hang_up()  # wakes the workers' lane threads at once
         self._wake()
-        self._listener.close()  # the accept thread's accept() fails and it ends
+        # Closing a listening socket does not wake a thread blocked in accept():
+        # a connection does, and the accept thread, seeing _closed, ends.
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as knock:
+            knock.connect(self.address.path)
+        self._listener.close()
         for thread in self._threads:
             thread.join(timeout=5)
         os.close(self._wake_r)
