@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import pickle
 import queue
 import threading
 import time
@@ -40,7 +41,7 @@ from daskcollect.py_modules import missing_module_hint
 from daskcollect.retirement import ACTOR_KEY_PREFIX
 from daskcollect.settings import Settings
 from daskcollect.weights.payload import Sent, WeightsRef
-from daskcollect.worker.actor import CollectorActor
+from daskcollect.worker.launch import start_collector
 from daskcollect.worker.rollout import ActorSpec, Rollout
 
 logger = logging.getLogger(__name__)
@@ -257,8 +258,8 @@ class ActorPool:
         uids = [next(self._uids) for _ in todo]
         futures = [
             self.client.submit(
-                CollectorActor,
-                replace(self.template, index=index, uid=uid, seed=seed),
+                start_collector,
+                pickle.dumps(replace(self.template, index=index, uid=uid, seed=seed)),
                 blobs[recipe],
                 actor=True,
                 workers=[address],
