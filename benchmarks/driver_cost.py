@@ -5,9 +5,10 @@ no CPU: ``daskcollect.testing.SleepEnvMaker``), --frames-per-batch frames per
 batch, async mode. For each collector count N, interleaved in one process:
 
 - ``dask``: ``DaskCollector(sync=False)`` on a private LocalCluster (its
-  scheduler runs in the driver process, so its CPU counts), or with
-  --external on a ``dask scheduler`` and ``dask worker`` processes started
-  here, where only the driver's own CPU counts;
+  nannies run in the driver process, its scheduler in a child process of the
+  driver; with --scheduler-in-driver, in the driver process, as Dask's
+  ``LocalCluster`` runs it), or with --external on a ``dask scheduler`` and
+  ``dask worker`` processes started here;
 - ``torchrl``: TorchRL's ``MultiAsyncCollector`` with the same env and batch.
 
 Each run is timed for --seconds after its first batch. "Driver ms/batch" is the
@@ -15,6 +16,8 @@ driver process's CPU time (user + system, every thread) over that window,
 divided by the batches yielded, also split by the driver's threads (Dask's event
 loop, the local lane's reader, the iteration, others); "fps / ideal" is frames/s over N x the frames/s
 of one env stepping alone (1 / (step + its CPU), measured once). The
+scheduler's own process, where it has one, is timed apart ("scheduler
+ms/batch"). The
 proportional set size (PSS) of the collector processes is summed at the end of
 each run (psutil; shared library pages counted once across them).
 
@@ -34,6 +37,7 @@ import threading
 import time
 import warnings
 
+import dask
 import psutil
 from _common import header, medians, save
 from distributed import Client
@@ -85,28 +89,35 @@ def thread_cpu() -> dict[str, float]:
     return out
 
 
-def measure(collector, seconds: float, pids) -> dict[str, float]:
+def cpu_seconds(process: psutil.Process | None) -> float:
+    return 0.0 if process is None else sum(process.cpu_times()[:2])
+
+
+def measure(collector, seconds: float, pids, scheduler: psutil.Process | None = None) -> dict[str, float]:
     """Frames/s, batches (and per second) and the driver's CPU per batch over ``seconds`` after the
-    first batch, in all and by thread role, and the PSS of the processes ``pids()`` names; shuts the
-    collector down."""
+    first batch, in all and by thread role, the CPU per batch of the ``scheduler``'s process if it has
+    one, and the PSS of the processes ``pids()`` names; shuts the collector down."""
     me = psutil.Process()
     try:
         it = iter(collector)
         next(it)
         cpu0, threads0, frames, batches = sum(me.cpu_times()[:2]), thread_cpu(), 0, 0
+        scheduler0 = cpu_seconds(scheduler)
         start = time.perf_counter()
         while time.perf_counter() - start < seconds:
             frames += next(it).numel()
             batches += 1
         elapsed = time.perf_counter() - start
         cpu = sum(me.cpu_times()[:2]) - cpu0
+        scheduler_cpu = cpu_seconds(scheduler) - scheduler0
         threads = thread_cpu()
         split = {
             f"{role}_ms_per_batch": 1e3 * (threads.get(role, 0.0) - threads0.get(role, 0.0)) / batches
             for role in ROLES
         }
         return {"fps": frames / elapsed, "batches": batches, "batches_per_s": batches / elapsed,
-                "driver_ms_per_batch": 1e3 * cpu / batches, **split, "pss_mb": pss_mb(pids())}  # fmt: skip
+                "driver_ms_per_batch": 1e3 * cpu / batches, **split,
+                "scheduler_ms_per_batch": 1e3 * scheduler_cpu / batches, "pss_mb": pss_mb(pids())}  # fmt: skip
     finally:
         collector.shutdown()
 
@@ -115,12 +126,19 @@ def children_of(pid: int) -> list[int]:
     return [p.pid for p in psutil.Process(pid).children(recursive=True)]
 
 
-def run_dask(n: int, args, address: str | None, worker_pids) -> dict[str, float]:
-    collector = DaskCollector(
-        SleepEnvMaker(args.step), None, frames_per_batch=args.frames_per_batch, total_frames=-1,
-        num_collectors=n, sync=False, client=address,
-    )  # fmt: skip
-    return measure(collector, args.seconds, worker_pids or (lambda: children_of(os.getpid())))
+def run_dask(
+    n: int, args, address: str | None, worker_pids, scheduler: psutil.Process | None
+) -> dict[str, float]:
+    with dask.config.set({"daskcollect.local-cluster.scheduler-process": not args.scheduler_in_driver}):
+        collector = DaskCollector(
+            SleepEnvMaker(args.step), None, frames_per_batch=args.frames_per_batch, total_frames=-1,
+            num_collectors=n, sync=False, client=address,
+        )  # fmt: skip
+    if address is None:  # the private cluster's scheduler process, if it has one
+        scheduler = next(
+            (p for p in psutil.Process().children() if "daskcollect.scheduler_process" in p.cmdline()), None
+        )
+    return measure(collector, args.seconds, worker_pids or (lambda: children_of(os.getpid())), scheduler)
 
 
 def run_torchrl(n: int, args) -> dict[str, float]:
@@ -174,6 +192,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=12.0, help="timed seconds per run")
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--external", action="store_true", help="a dask scheduler process of its own")
+    parser.add_argument(
+        "--scheduler-in-driver",
+        action="store_true",
+        help="the private cluster's scheduler in the driver process",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
@@ -184,21 +207,32 @@ def main() -> None:
             if args.external:
                 scheduler, workers, address = external_cluster(n)
                 try:
-                    dask = run_dask(n, args, address, lambda w=workers: children_of(w.pid))
+                    ours = run_dask(
+                        n, args, address, lambda w=workers: children_of(w.pid), psutil.Process(scheduler.pid)
+                    )
                 finally:
                     stop(workers, scheduler)
             else:
-                dask = run_dask(n, args, None, None)
+                ours = run_dask(n, args, None, None, None)
             torchrl = run_torchrl(n, args)
-            for side, r in (("dask", dask), ("torchrl", torchrl)):
+            for side, r in (("dask", ours), ("torchrl", torchrl)):
                 r["fps/ideal"] = r["fps"] / (n * one)
                 raw.setdefault(str(n), {}).setdefault(side, []).append(r)
                 print(f"N={n:3d} {side:8s} {r['fps']:8.0f} frames/s  fps/ideal {r['fps/ideal']:.3f}  driver "
-                      f"{r['driver_ms_per_batch']:.2f} ms/batch  PSS {r['pss_mb']:.0f} MB", flush=True)  # fmt: skip
+                      f"{r['driver_ms_per_batch']:.2f} ms/batch  scheduler {r['scheduler_ms_per_batch']:.2f} "
+                      f"ms/batch  PSS {r['pss_mb']:.0f} MB", flush=True)  # fmt: skip
     summary = medians(
-        raw, ("driver_ms_per_batch", "fps/ideal", "pss_mb", *(f"{r}_ms_per_batch" for r in ROLES))
+        raw,
+        (
+            "driver_ms_per_batch",
+            "scheduler_ms_per_batch",
+            "fps/ideal",
+            "pss_mb",
+            *(f"{r}_ms_per_batch" for r in ROLES),
+        ),
     )
     name = "driver_cost-external" if args.external else "driver_cost"
+    name += "-scheduler-in-driver" if args.scheduler_in_driver else ""
     save(
         {**header("P7-driver-cost", args), "single_env_fps": one, "raw": raw, "summary": summary},
         name,
@@ -212,7 +246,8 @@ def main() -> None:
               f"{r['torchrl_pss_mb']:14.0f}")  # fmt: skip
     for n, r in summary.items():
         split = ", ".join(f"{role} {r[f'dask_{role}_ms_per_batch']:.2f}" for role in ROLES)
-        print(f"{n:>4} dask driver ms/batch by thread: {split}")
+        print(f"{n:>4} dask driver ms/batch by thread: {split}; scheduler process "
+              f"{r['dask_scheduler_ms_per_batch']:.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -178,6 +178,11 @@ def plot_scale(png: str) -> None:
                 s[str(n)]["dask_lane_ms_per_batch"] + s[str(n)]["dask_iteration_ms_per_batch"] for n in ns
             ]
             a.plot(ns, per_batch, marker="o", ls="--", label="DaskCollector: lane + iteration threads only")
+        if all("dask_scheduler_ms_per_batch" in s[str(n)] for n in ns):
+            total = [
+                s[str(n)]["dask_driver_ms_per_batch"] + s[str(n)]["dask_scheduler_ms_per_batch"] for n in ns
+            ]
+            a.plot(ns, total, marker="o", ls=":", label="DaskCollector: driver + its scheduler process")
         a.set(title="P7: driver CPU per batch (private cluster)", xlabel="collectors", ylabel="ms / batch",
               xticks=ns, ylim=(0, None))  # fmt: skip
         b.set(title="P7: frames/s ÷ ideal", xlabel="collectors", ylabel="ratio", xticks=ns, ylim=(0, 1.05))

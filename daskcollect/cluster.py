@@ -26,6 +26,7 @@ from daskcollect.main_guard import check_main_guard
 from daskcollect.options import ClusterOptions
 from daskcollect.polling import poll_until
 from daskcollect.py_modules import ship
+from daskcollect.scheduler_process import SchedulerProcess
 from daskcollect.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -115,7 +116,7 @@ def connect(options: ClusterOptions, n_workers: int, settings: Settings) -> Clus
         except (OSError, TimeoutError) as exc:
             cluster.close()
             raise ClusterConnectionError(
-                f"The private LocalCluster's scheduler (in this process) did not answer within "
+                f"The private LocalCluster's scheduler did not answer within "
                 f"{timeout:g}s ({type(exc).__name__}: {exc}); starting {n_workers} worker processes "
                 "kept it too busy. Ask for fewer collectors, raise daskcollect.timeouts.connect, or "
                 "pass client= a cluster started on its own.",
@@ -140,11 +141,12 @@ class DriverNanny(Nanny):
     """A private cluster's nanny, without its own process monitors.
 
     Every nanny of a private ``LocalCluster`` runs in the driver's process, on
-    its event loop, beside the scheduler, whose monitors already sample that
-    process (psutil) and time that loop. Each nanny's copies would do it again:
-    at 16 workers, 9 to 17 of the 26 to 32 ms of CPU a second that an idle private
-    cluster costs the driver (docs/benchmarks.md, P7). The nanny's own work
-    (starting, restarting and watching its worker process) is untouched.
+    its event loop. Each would sample that same process (psutil) and time that
+    same loop every few seconds: at 16 workers, 9 to 17 of the 26 to 32 ms of
+    CPU a second that an idle private cluster cost the driver
+    (docs/benchmarks.md, P7). The nanny's own work (starting, restarting and
+    watching its worker process) is untouched, and each worker still monitors
+    its own process.
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -153,8 +155,32 @@ class DriverNanny(Nanny):
             self.periodic_callbacks.pop(name, None)
 
 
+class PrivateCluster(LocalCluster):
+    """A ``LocalCluster`` whose scheduler runs in a child process (:class:`SchedulerProcess`).
+
+    Args:
+        scheduler_timeout: Seconds to wait for the child scheduler's address.
+        *args: ``LocalCluster``'s.
+        **kwargs: ``LocalCluster``'s.
+    """
+
+    def __init__(self, *args: Any, scheduler_timeout: float, **kwargs: Any):
+        self._scheduler_timeout = scheduler_timeout
+        super().__init__(*args, **kwargs)
+
+    async def _start(self) -> None:
+        # LocalCluster builds the in-process Scheduler's spec; the same options go to the child.
+        if self.scheduler is None:
+            options = self.scheduler_spec.get("options", {})
+            self.scheduler_spec = {
+                "cls": SchedulerProcess,
+                "options": {**options, "timeout": self._scheduler_timeout},
+            }
+        await super()._start()
+
+
 def _local_cluster(options: ClusterOptions, n_workers: int, settings: Settings) -> LocalCluster:
-    return LocalCluster(
+    kwargs: dict[str, Any] = dict(
         n_workers=n_workers,
         worker_class=DriverNanny,
         threads_per_worker=1,
@@ -165,6 +191,14 @@ def _local_cluster(options: ClusterOptions, n_workers: int, settings: Settings) 
         resources=dict(options.worker_resources) if options.worker_resources else None,
         security=options.security,
     )
+    if not settings.local_scheduler_process:
+        return LocalCluster(**kwargs)
+    try:
+        return PrivateCluster(**kwargs, scheduler_timeout=settings.timeouts.connect)
+    except RuntimeError as exc:  # SpecCluster wraps what failed its start
+        if isinstance(exc.__cause__, ClusterConnectionError):
+            raise exc.__cause__ from None
+        raise
 
 
 def _connect_existing(options: ClusterOptions, timeout: float) -> ClusterHandle:

@@ -126,6 +126,7 @@ class Settings:
     local_host: str
     local_dashboard_address: str | None
     local_memory_limit: str | float | None
+    local_scheduler_process: bool
     local_cluster_config: dict
     worker: WorkerSettings
 
@@ -160,6 +161,7 @@ class Settings:
             local_host=local["host"],
             local_dashboard_address=local["dashboard-address"],
             local_memory_limit=local["memory-limit"],
+            local_scheduler_process=local["scheduler-process"],
             local_cluster_config=dict(local["cluster-config"] or {}),
             worker=WorkerSettings(
                 torch_threads=worker["torch-threads"],

@@ -195,11 +195,10 @@ def test_private_cluster_workers_memory_limit(setting, expected):
 
 
 def test_private_cluster_nannies_restart_workers_without_monitoring_the_driver_again():
-    """The nannies of a private cluster share the driver's process and event loop with its scheduler:
-    they leave measuring both to the scheduler, and still restart a worker that dies."""
+    """The nannies of a private cluster share the driver's process and event loop: none of them
+    measures both again, and each still restarts a worker that dies."""
     with DaskCollector(make_cartpole, frames_per_batch=20, total_frames=-1, num_collectors=1) as collector:
         cluster = collector.client.cluster
-        assert "monitor" in cluster.scheduler.periodic_callbacks
         for nanny in cluster.workers.values():
             assert not {"monitor", "tick", "ticks"} & set(nanny.periodic_callbacks)
 

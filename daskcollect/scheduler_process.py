@@ -1,0 +1,166 @@
+"""A private cluster's scheduler, in a child process of the driver.
+
+``LocalCluster`` runs its scheduler in the driver's process, on the driver's
+event loop. Answering each worker's heartbeat costs that loop about 0.65 ms of
+CPU, and Dask has every worker send two a second up to 10 workers and one a
+second up to 50: at 32 workers a fifth of a core, all of it under the GIL of
+the process that also trains (docs/benchmarks.md, P7). :class:`SchedulerProcess`
+is the ``SpecCluster`` scheduler spec that runs the same ``distributed.Scheduler``
+in a child process instead; the nannies and everything else stay as they are.
+
+The child is this module run with ``python -m``. It gets the scheduler's
+keywords, the driver's ``dask.config`` and ``sys.path`` through its stdin,
+writes its address to a file, leaves Ctrl-C to the driver (which closes the
+cluster), and closes itself within a second or two if the driver dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import logging
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import dask.config
+from distributed import Scheduler
+from distributed.deploy.spec import ProcessInterface
+
+from daskcollect.errors import ClusterConnectionError
+
+#: Seconds between the child's checks that the driver is still its parent.
+PARENT_CHECK_INTERVAL = 1.0
+#: Seconds a closing scheduler gets to exit before it is killed.
+EXIT_GRACE = 5.0
+
+
+class SchedulerProcess(ProcessInterface):
+    """``distributed.Scheduler`` in a child process, as a ``SpecCluster`` scheduler.
+
+    Args:
+        timeout: Seconds to wait for the scheduler's address.
+        log_level: The level of the child's ``distributed`` loggers (a
+            ``LocalCluster``'s ``silence_logs``).
+        **kwargs: ``distributed.Scheduler``'s keywords (``LocalCluster``'s
+            scheduler options). They, the current ``dask.config`` and
+            ``sys.path`` must pickle.
+    """
+
+    def __init__(self, timeout: float = 30.0, log_level: int = logging.WARNING, **kwargs: Any):
+        self.timeout = timeout
+        self.kwargs = kwargs
+        self.log_level = log_level
+        # Taken now: the cluster is built inside the caller's dask.config.set.
+        self.config = copy.deepcopy(dask.config.config)
+        self.process: subprocess.Popen | None = None
+        self._folder: str | None = None
+        super().__init__()
+
+    async def start(self) -> None:
+        """Starts the child and waits (bounded) for its address.
+
+        Raises:
+            ClusterConnectionError: If the child exits or stays silent past
+                ``timeout``; its own error, if any, is on this process's stderr.
+        """
+        self._folder = tempfile.mkdtemp(prefix="daskcollect-scheduler-")
+        path = os.path.join(self._folder, "scheduler.json")
+        payload = {
+            "kwargs": {**self.kwargs, "scheduler_file": path},
+            "config": self.config,
+            "sys_path": list(sys.path),
+            "parent": os.getpid(),
+            "log_level": self.log_level,
+        }
+        self.process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE)
+        assert self.process.stdin is not None
+        with self.process.stdin:
+            self.process.stdin.write(pickle.dumps(payload))
+        deadline = time.monotonic() + self.timeout
+        while (identity := _read_identity(path)) is None:
+            code = self.process.poll()
+            if code is not None or time.monotonic() > deadline:
+                await self.close()
+                raise ClusterConnectionError(_start_failure(code, self.timeout))
+            await asyncio.sleep(0.02)
+        self.address = identity["address"]
+        await super().start()
+
+    async def close(self) -> None:
+        """Waits for the child to exit (``SpecCluster`` has asked the scheduler to close), then kills it."""
+        process, self.process = self.process, None
+        if process is not None:
+            await _stop(process, grace=EXIT_GRACE if self.address else 0.0)
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+        await super().close()
+
+
+def _read_identity(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):  # not written yet, or half written
+        return None
+
+
+def _start_failure(code: int | None, timeout: float) -> str:
+    if code is None:
+        return (
+            f"The private cluster's scheduler process did not start within {timeout:g}s. The machine "
+            "may be overloaded: raise daskcollect.timeouts.connect, or set "
+            "daskcollect.local-cluster.scheduler-process to false to run it in this process."
+        )
+    return (
+        f"The private cluster's scheduler process exited with code {code} before it started; its "
+        "error is printed above. Fix it, or set daskcollect.local-cluster.scheduler-process to "
+        "false to run the scheduler in this process."
+    )
+
+
+async def _stop(process: subprocess.Popen, grace: float) -> None:
+    """Waits up to ``grace`` seconds for ``process`` to exit, then terminates it, then kills it."""
+    for action, wait in ((None, grace), (process.terminate, 2.0), (process.kill, 5.0)):
+        if process.poll() is not None:
+            return
+        if action is not None:
+            with contextlib.suppress(ProcessLookupError):
+                action()
+        deadline = time.monotonic() + wait
+        while process.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
+
+async def _serve(kwargs: dict, parent: int) -> None:
+    async with Scheduler(**kwargs) as scheduler:
+        finished = asyncio.ensure_future(scheduler.finished())
+        while not finished.done():
+            if os.getppid() != parent:  # the driver died without closing us
+                await scheduler.close()
+            await asyncio.wait({finished}, timeout=PARENT_CHECK_INTERVAL)
+
+
+def _main() -> None:
+    payload = pickle.load(sys.stdin.buffer)
+    if os.getppid() != payload["parent"]:
+        return
+    # Ctrl-C reaches the whole process group: the driver handles it and closes us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.path[:] = payload["sys_path"]
+    dask.config.update(dask.config.config, payload["config"], priority="new")
+    logging.getLogger("distributed").setLevel(payload["log_level"])
+    asyncio.run(_serve(payload["kwargs"], payload["parent"]))
+
+
+if __name__ == "__main__":
+    _main()
