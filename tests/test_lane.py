@@ -15,13 +15,16 @@ from daskcollect.lane import LaneClient, LaneServer
 from daskcollect.testing import cartpole_policy, make_cartpole
 
 
-def lane_threads() -> set[threading.Thread]:
-    return {t for t in threading.enumerate() if t.name.startswith("daskcollect-lane")}
+def server_threads() -> set[threading.Thread]:
+    """The driver's lane threads (a worker's end, LaneClient, ends on its own after close)."""
+    return {
+        t for t in threading.enumerate() if t.name in ("daskcollect-lane-accept", "daskcollect-lane-read")
+    }
 
 
 def test_a_request_and_its_answer_cross_the_lane_and_a_closed_end_is_reported(tmp_path):
     answers: queue.SimpleQueue = queue.SimpleQueue()
-    before = lane_threads()
+    before = server_threads()
     server = LaneServer(str(tmp_path), lambda uid, answer: answers.put((uid, answer)))
     served = []
 
@@ -44,7 +47,7 @@ def test_a_request_and_its_answer_cross_the_lane_and_a_closed_end_is_reported(tm
         server.close()
     server.close()  # idempotent
     assert not (tmp_path / "lane.sock").exists()
-    assert lane_threads() == before  # its threads ended, the accept thread too (not left in accept())
+    assert server_threads() == before  # its threads ended, the accept thread too (not left in accept())
 
 
 def test_a_large_batch_of_odd_sizes_crosses_the_lane_intact_and_aligned(tmp_path):
