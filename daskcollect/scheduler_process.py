@@ -3,8 +3,9 @@
 ``LocalCluster`` runs its scheduler in the driver's process, on the driver's
 event loop. Answering each worker's heartbeat costs that loop about 0.65 ms of
 CPU, and Dask has every worker send two a second up to 10 workers and one a
-second up to 50: at 32 workers a fifth of a core, all of it under the GIL of
-the process that also trains (docs/benchmarks.md, P7). :class:`SchedulerProcess`
+second up to 50: with the rest of the scheduler's work, 15 to 30 ms of CPU a
+second at 8 to 32 workers, all of it under the GIL of the process that also
+trains (docs/benchmarks.md, P7). :class:`SchedulerProcess`
 is the ``SpecCluster`` scheduler spec that runs the same ``distributed.Scheduler``
 in a child process instead; the nannies and everything else stay as they are.
 
