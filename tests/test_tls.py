@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from distributed import Client
+from distributed.security import Security
 
 from daskcollect import ClusterConnectionError, DaskCollector
 from daskcollect.testing import make_cartpole
@@ -38,3 +41,13 @@ def test_no_certificate_is_refused(tls_cluster):
     with pytest.raises(ClusterConnectionError, match="speaks TLS and no certificates were given") as info:
         DaskCollector(make_cartpole, frames_per_batch=10, client=tls_cluster.scheduler_address)
     assert "TLS" in str(info.value.__cause__)  # Dask's own refusal: no SSL context for tls://
+
+
+def test_a_private_cluster_with_security_speaks_tls_from_its_scheduler_process():
+    with DaskCollector(
+        make_cartpole, frames_per_batch=100, total_frames=200, num_collectors=2, security=Security.temporary()
+    ) as c:
+        assert sum(b.numel() for b in c) == 200
+        assert c.client.scheduler.address.startswith("tls://")
+        assert all(w.startswith("tls://") for w in c.workers)
+        assert c.client.run_on_scheduler(os.getpid) != os.getpid()  # the scheduler's own process
