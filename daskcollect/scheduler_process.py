@@ -29,7 +29,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from typing import Any
 
 import dask.config
@@ -37,6 +36,7 @@ from distributed import Scheduler
 from distributed.deploy.spec import ProcessInterface
 
 from daskcollect.errors import ClusterConnectionError
+from daskcollect.polling import apoll_until
 
 #: Seconds between the child's checks that the driver is still its parent.
 PARENT_CHECK_INTERVAL = 1.0
@@ -49,17 +49,14 @@ class SchedulerProcess(ProcessInterface):
 
     Args:
         timeout: Seconds to wait for the scheduler's address.
-        log_level: The level of the child's ``distributed`` loggers (a
-            ``LocalCluster``'s ``silence_logs``).
         **kwargs: ``distributed.Scheduler``'s keywords (``LocalCluster``'s
             scheduler options). They, the current ``dask.config`` and
             ``sys.path`` must pickle.
     """
 
-    def __init__(self, timeout: float = 30.0, log_level: int = logging.WARNING, **kwargs: Any):
+    def __init__(self, timeout: float = 30.0, **kwargs: Any):
         self.timeout = timeout
         self.kwargs = kwargs
-        self.log_level = log_level
         # Taken now: the cluster is built inside the caller's dask.config.set.
         self.config = copy.deepcopy(dask.config.config)
         self.process: subprocess.Popen | None = None
@@ -80,19 +77,18 @@ class SchedulerProcess(ProcessInterface):
             "config": self.config,
             "sys_path": list(sys.path),
             "parent": os.getpid(),
-            "log_level": self.log_level,
         }
-        self.process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE)
-        assert self.process.stdin is not None
-        with self.process.stdin:
-            self.process.stdin.write(pickle.dumps(payload))
-        deadline = time.monotonic() + self.timeout
-        while (identity := _read_identity(path)) is None:
-            code = self.process.poll()
-            if code is not None or time.monotonic() > deadline:
-                await self.close()
-                raise ClusterConnectionError(_start_failure(code, self.timeout))
-            await asyncio.sleep(0.02)
+        self.process = process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE)
+        assert process.stdin is not None
+        with process.stdin:
+            process.stdin.write(pickle.dumps(payload))
+        identity = await apoll_until(
+            lambda: _read_identity(path) or process.poll() is not None, self.timeout, interval=0.02
+        )
+        if not isinstance(identity, dict):  # the child exited, or the time is up
+            code = process.poll()
+            await self.close()
+            raise ClusterConnectionError(_start_failure(code, self.timeout))
         self.address = identity["address"]
         await super().start()
 
@@ -132,14 +128,11 @@ def _start_failure(code: int | None, timeout: float) -> str:
 async def _stop(process: subprocess.Popen, grace: float) -> None:
     """Waits up to ``grace`` seconds for ``process`` to exit, then terminates it, then kills it."""
     for action, wait in ((None, grace), (process.terminate, 2.0), (process.kill, 5.0)):
-        if process.poll() is not None:
-            return
-        if action is not None:
+        if action is not None and process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 action()
-        deadline = time.monotonic() + wait
-        while process.poll() is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        if await apoll_until(lambda: process.poll() is not None, wait, interval=0.02):
+            return
 
 
 async def _serve(kwargs: dict, parent: int) -> None:
@@ -159,7 +152,8 @@ def _main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.path[:] = payload["sys_path"]
     dask.config.update(dask.config.config, payload["config"], priority="new")
-    logging.getLogger("distributed").setLevel(payload["log_level"])
+    # As quiet as LocalCluster keeps an in-process scheduler (its silence_logs).
+    logging.getLogger("distributed").setLevel(logging.WARNING)
     asyncio.run(_serve(payload["kwargs"], payload["parent"]))
 
 
