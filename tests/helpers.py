@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import time
 
 import psutil
@@ -12,6 +14,16 @@ from distributed import Client
 
 def children() -> set[int]:
     return {p.pid for p in psutil.Process(os.getpid()).children(recursive=True)}
+
+
+def fresh_python(code: str, timeout: float = 60.0) -> str:
+    """Runs ``code`` in a new interpreter (imports start from nothing); its stripped stdout.
+
+    Fails the test, showing the interpreter's stderr, if it exits non-zero.
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip()
 
 
 def wait_until(predicate, timeout: float = 20.0, interval: float = 0.1) -> bool:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import noise
+from helpers import fresh_python, noise
 
 from daskcollect.cli import EXIT_ERROR, EXIT_OK, main
 
@@ -115,6 +115,4 @@ def test_help_does_not_import_torch():
         "try:\n    main(['run', '--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
         "print('torch' in sys.modules, 'distributed' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1] == "False False"
+    assert fresh_python(code).splitlines()[-1] == "False False"

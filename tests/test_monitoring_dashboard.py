@@ -7,7 +7,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -15,6 +14,7 @@ import uuid
 
 import pytest
 from distributed import Client, performance_report
+from helpers import fresh_python
 
 from daskcollect import DaskCollector
 from daskcollect.monitoring.dashboard import CollectorMonitor
@@ -203,6 +203,4 @@ def test_the_scheduler_plugins_load_without_torch():
         "import daskcollect.membership, daskcollect.monitoring.dashboard, daskcollect.retirement\n"
         "print('torch' in sys.modules, 'tensordict' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1] == "False False"
+    assert fresh_python(code).splitlines()[-1] == "False False"

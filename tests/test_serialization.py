@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pickle
-import subprocess
-import sys
 
 import pytest
 import torch
 from distributed.protocol import deserialize, serialize
+from helpers import fresh_python
 from tensordict import LazyStackedTensorDict, NonTensorData, TensorDict
 
 from daskcollect import DaskCollector
@@ -31,8 +30,7 @@ def test_importing_daskcollect_registers_no_serializer():
         "assert dask_serialize.dispatch(TensorDict) is not None\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.stdout.strip() == "ok", out.stderr[-2000:]
+    assert fresh_python(code, timeout=120) == "ok"
 
 
 def nested_td() -> TensorDict:
