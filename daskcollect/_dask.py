@@ -1,6 +1,6 @@
 """Every use of Dask's private internals, in one place and checked against the installed version.
 
-daskcollect needs seven things that ``distributed`` does not offer publicly. Each
+daskcollect needs eight things that ``distributed`` does not offer publicly. Each
 accessor below checks that the internal is still there and raises
 :class:`~daskcollect.errors.DaskVersionError`, naming it and the versions
 daskcollect was tested with, instead of an ``AttributeError`` deep inside a
@@ -10,6 +10,7 @@ is outside the tested range.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -120,6 +121,36 @@ def tick_callback(worker: Any) -> Any | None:
         return worker.periodic_callbacks.get("tick")
     except AttributeError as exc:
         raise _missing("Worker.periodic_callbacks", exc) from None
+
+
+#: What ``Worker.heartbeat`` logs, as an error with a traceback, when its call fails.
+HEARTBEAT_FAILURE = "Failed to communicate with scheduler during heartbeat"
+
+
+class QuietHeartbeatAtClose(logging.Filter):
+    """Drops the worker's heartbeat failure once the worker itself is closing.
+
+    ``Worker.close`` closes its connection pool while a heartbeat may still be
+    waiting on the scheduler's answer (a loaded machine, a cluster closing all
+    its workers at once); Dask then logs that heartbeat as an error with a
+    traceback although nothing failed. A heartbeat that fails while the worker
+    runs is still logged. Should Dask reword the message, the filter lets it
+    through: nothing breaks, so nothing is checked.
+
+    Args:
+        worker: The worker whose records to filter.
+    """
+
+    def __init__(self, worker: Any):
+        super().__init__()
+        self.worker = worker
+
+    def closing(self) -> bool:
+        """Whether the worker is closing or closed."""
+        return getattr(self.worker.status, "name", "") in ("closing", "closing_gracefully", "closed")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.closing() and record.getMessage().startswith(HEARTBEAT_FAILURE))
 
 
 def add_handlers(worker: Any, handlers: dict[str, Callable]) -> None:

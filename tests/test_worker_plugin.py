@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 
 import torch
+from distributed import LocalCluster
 
 from daskcollect import DaskCollector
+from daskcollect._dask import HEARTBEAT_FAILURE, QuietHeartbeatAtClose
 from daskcollect.settings import WorkerSettings
 from daskcollect.testing import make_cartpole, make_env_reading_variable
 from daskcollect.worker.plugin import WorkerSetup
@@ -85,3 +88,32 @@ def test_tick_interval_relaxed_while_registered_and_restored(client):
     with DaskCollector(make_cartpole, frames_per_batch=10, total_frames=20, client=client):
         assert set(client.run(tick_ms).values()) == {1000}
     assert client.run(tick_ms) == before
+
+
+def quiet_filters() -> int:
+    import logging
+
+    from daskcollect._dask import QuietHeartbeatAtClose
+
+    return sum(isinstance(f, QuietHeartbeatAtClose) for f in logging.getLogger("distributed.worker").filters)
+
+
+def test_a_heartbeat_cut_by_the_workers_own_close_is_not_logged_as_an_error(client):
+    """Worker.close closes its connections under a heartbeat still waiting for the scheduler;
+    Dask logs that as an error with a traceback. Only then is it dropped."""
+    failure = f"{HEARTBEAT_FAILURE}."
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster:
+        worker = next(iter(cluster.workers.values()))
+        quiet = QuietHeartbeatAtClose(worker)
+        assert quiet.filter(log_record(failure))  # a running worker's failed heartbeat is an error
+    assert not quiet.filter(log_record(failure))  # a closed worker's is not
+    assert quiet.filter(log_record("Unexpected exception during heartbeat. Closing worker."))
+
+    before = client.run(quiet_filters)
+    with DaskCollector(make_cartpole, frames_per_batch=10, total_frames=20, client=client):
+        assert all(n == before[a] + 1 for a, n in client.run(quiet_filters).items())
+    assert client.run(quiet_filters) == before  # a live worker gets its logging back at removal
+
+
+def log_record(message: str) -> logging.LogRecord:
+    return logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1, message, None, None)

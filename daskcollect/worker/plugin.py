@@ -14,6 +14,7 @@ scheduler with a short ``worker-ttl`` would remove it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 
@@ -76,6 +77,7 @@ class WorkerSetup(WorkerPlugin):
         self._saved: dict[str, str | None] = {}
         self._trimmed: list[str] = []
         self._tick_ms: float | None = None
+        self._quiet: _dask.QuietHeartbeatAtClose | None = None
 
     async def setup(self, worker):
         self._saved = {k: os.environ.get(k) for k in self.env}
@@ -88,6 +90,9 @@ class WorkerSetup(WorkerPlugin):
         if self.tick_interval is not None and tick is not None:
             self._tick_ms = tick.callback_time
             tick.callback_time = self.tick_interval * 1000  # read at the next scheduling
+        if worker is not None:
+            self._quiet = _dask.QuietHeartbeatAtClose(worker)
+            logging.getLogger("distributed.worker").addFilter(self._quiet)
 
     def teardown(self, worker):
         for key, value in self._saved.items():
@@ -102,3 +107,7 @@ class WorkerSetup(WorkerPlugin):
         if self._tick_ms is not None and tick is not None:
             tick.callback_time = self._tick_ms
         self._tick_ms = None
+        # A closing worker runs this before it closes its connections: the filter stays for that.
+        if self._quiet is not None and not self._quiet.closing():
+            logging.getLogger("distributed.worker").removeFilter(self._quiet)
+            self._quiet = None
