@@ -1,6 +1,6 @@
 """Every use of Dask's private internals, in one place and checked against the installed version.
 
-daskcollect needs eight things that ``distributed`` does not offer publicly. Each
+daskcollect needs nine things that ``distributed`` does not offer publicly. Each
 accessor below checks that the internal is still there and raises
 :class:`~daskcollect.errors.DaskVersionError`, naming it and the versions
 daskcollect was tested with, instead of an ``AttributeError`` deep inside a
@@ -66,6 +66,20 @@ def set_retire_handler(scheduler: Any, handler: Callable) -> None:
     """Replaces the scheduler's ``retire_workers`` RPC handler."""
     retire_handler(scheduler)  # checks that it exists
     scheduler.handlers["retire_workers"] = handler
+
+
+#: How ``Worker.close_gracefully`` (a worker's ``--lifetime``) starts the ``stimulus_id``
+#: of the retirement it asks the scheduler for.
+SELF_RETIREMENT = "worker-close-gracefully"
+
+
+def is_self_retirement(kwargs: dict[str, Any]) -> bool:
+    """Whether a ``retire_workers`` call is a worker retiring itself.
+
+    Should Dask rename the stimulus, this answers ``False`` and the retirement
+    is Dask's own: nothing breaks, so nothing is checked.
+    """
+    return str(kwargs.get("stimulus_id") or "").startswith(SELF_RETIREMENT)
 
 
 def actor_keys(scheduler: Any, address: str) -> list[str]:

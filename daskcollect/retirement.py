@@ -15,7 +15,11 @@ on that topic: it stops calls to those collectors, lets the calls in flight
 finish (their batches are yielded as usual), closes the collectors and
 releases the actors, and hands the released slots to the engine, which counts
 them and reconciles. Dask's retirement then proceeds as for any worker.
-Without daskcollect actors on the leaving workers, the handler is Dask's own.
+Without daskcollect actors on the leaving workers, the handler is Dask's own,
+with one change: a worker that retires itself (``--lifetime``) is removed from
+the scheduler when it disconnects rather than at once, so that a heartbeat
+racing its close cannot make it close its nanny too (``--lifetime-restart``
+workers then come back every time).
 """
 
 from __future__ import annotations
@@ -127,6 +131,12 @@ class GracefulRetirement(SchedulerPlugin):
                     busy,
                     self.timeout,
                 )
+        if _dask.is_self_retirement(kwargs):
+            # Dask removes the worker at once, before the worker closes; a heartbeat
+            # in between is answered "missing", and the worker then closes its
+            # nanny too, so a --lifetime-restart worker never comes back
+            # (dask/distributed#4752). Removed when it disconnects, it cannot race.
+            kwargs["remove"] = False
         return await self._original(**kwargs)
 
 
