@@ -65,8 +65,9 @@ def _named(name: str, wanted: set[str]) -> bool:
 class GracefulRetirement(SchedulerPlugin):
     """Lets daskcollect release its actors before Dask retires their workers.
 
-    Registered (idempotently) by every ``DaskCollector``; inert when no
-    collector actor is on a leaving worker. ``close()`` restores Dask's handler.
+    Registered (idempotently) by every ``DaskCollector``. With no collector
+    actor on a leaving worker it only defers a self-retiring worker's removal
+    (see the module docstring). ``close()`` restores Dask's handler.
 
     Args:
         timeout: How long a retirement waits for the collectors' release
