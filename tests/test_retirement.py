@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 
 from distributed import Client
 from distributed.diagnostics.plugin import SchedulerPlugin
+from helpers import wait_until
 
 from daskcollect.retirement import install_retirement_hook
 
@@ -30,10 +30,12 @@ def worker_lives(make_cluster, hook: bool, wanted: int, seconds: float) -> tuple
         if hook:
             assert install_retirement_hook(client, timeout=10)
         seen: set[str] = set()
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and len(seen) < wanted:
-            seen |= set(cluster.scheduler.workers)
-            time.sleep(0.1)
+
+        def seen_enough() -> bool:
+            seen.update(cluster.scheduler.workers)
+            return len(seen) >= wanted
+
+        wait_until(seen_enough, timeout=seconds)
         return seen, len(cluster.scheduler.workers)
 
 
