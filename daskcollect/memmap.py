@@ -119,14 +119,13 @@ class MemmapLedger:
     """Driver-side bookkeeping of the batches on disk (thread-safe).
 
     Args:
-        memmap_dir: The shared folder.
+        memmap_dir: The shared folder (checked by the spec, on the driver).
         retention: ``"release"`` (delete on release), ``"keep"`` (never delete)
             or an int ``K`` (delete once ``K`` newer batches were yielded).
         max_unreleased: Bound on rollout folders yielded and not yet released.
     """
 
     def __init__(self, memmap_dir: str, retention: str | int, max_unreleased: int):
-        check_writable(memmap_dir, "the driver")
         self.root = os.path.join(memmap_dir, f"daskcollect-{uuid.uuid4().hex[:12]}")
         os.makedirs(self.root)
         self.retention = retention

@@ -18,6 +18,7 @@ from typing import Any
 from torchrl.collectors import BaseCollector, Collector, MultiAsyncCollector, MultiSyncCollector
 
 from daskcollect.errors import ConfigurationError
+from daskcollect.memmap import check_writable
 from daskcollect.options import BatchOptions, ClusterOptions, FaultOptions, OutputOptions, WeightOptions
 from daskcollect.settings import Settings
 from daskcollect.worker.recipe import CollectorRecipe
@@ -193,6 +194,8 @@ class CollectionSpec:
                 "them to batch.load() yourself."
             )
         _check_replay_buffer(kw["replay_buffer"], output.memmap)
+        if output.memmap:
+            check_writable(output.memmap_dir, "the driver")
         restarts = kw["max_collector_restarts"]
         faults = FaultOptions(
             settings.max_collector_restarts if restarts is None else restarts, kw["on_env_error"]
@@ -207,7 +210,10 @@ class CollectionSpec:
             {k: kw[k] for k in _DEVICES}, {k: kw[k] for k in OVERRIDING + DEFAULTING}, kw["init_random_frames"],
             bool(kw["use_env_creator"]),
         )  # fmt: skip
-        return cls(batch, weights, cluster, output, faults, num_collectors, follow, kw["seed"], inputs)
+        spec = cls(batch, weights, cluster, output, faults, num_collectors, follow, kw["seed"], inputs)
+        if num_collectors is not None:  # otherwise the cluster says, and recipes() checks then
+            spec.check_count(num_collectors)
+        return spec
 
     @staticmethod
     def _collectors(kw: dict[str, Any]) -> tuple[int | None, bool]:
@@ -240,7 +246,20 @@ class CollectionSpec:
         return n, follow
 
     def check_count(self, n: int) -> None:
-        """Checks the settings that depend on the number of collectors."""
+        """Checks the settings that depend on the number of collectors: per-collector lists and the
+        memmap bound (before connecting when ``num_collectors`` is known, else once the cluster says).
+
+        Raises:
+            ConfigurationError: Naming the keyword and the fix.
+        """
+        inputs = self.inputs
+        for name, value in [
+            ("create_env_fn", inputs.create_env_fn),
+            ("policy_factory", inputs.policy_factory),
+            ("collector_kwargs", inputs.collector_kwargs),
+            *inputs.devices.items(),
+        ]:
+            per_collector(value, name, n)
         out = self.output
         if out.memmap and self.batch.sync and out.max_unreleased < n:
             raise ConfigurationError(
