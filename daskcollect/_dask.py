@@ -1,6 +1,6 @@
 """Every use of Dask's private internals, in one place and checked against the installed version.
 
-daskcollect needs nine things that ``distributed`` does not offer publicly. Each
+daskcollect needs ten things that ``distributed`` does not offer publicly. Each
 accessor below checks that the internal is still there and raises
 :class:`~daskcollect.errors.DaskVersionError`, naming it and the versions
 daskcollect was tested with, instead of an ``AttributeError`` deep inside a
@@ -126,6 +126,21 @@ async def cancel(client: Any, futures: list, reason: str) -> None:
     except AttributeError as exc:
         raise _missing("Client._cancel", exc) from None
     await method(futures, reason=reason)
+
+
+def stop_loop(owner: Any) -> None:
+    """Stops the event-loop thread of a synchronous ``Client`` or cluster whose close Dask skips.
+
+    A ``Client`` that closed itself after losing its scheduler returns from
+    ``close()`` at once, and a ``SpecCluster`` whose start failed raises from
+    its constructor: both leave their ``IO loop`` thread running for the life of
+    the process. Stopping an already-stopped loop does nothing.
+    """
+    try:
+        runner = owner._loop_runner
+    except AttributeError as exc:
+        raise _missing(f"{type(owner).__name__}._loop_runner", exc) from None
+    runner.stop()
 
 
 # --- worker side ------------------------------------------------------------

@@ -4,23 +4,32 @@ daskcollect always talks to the scheduler through its own
 ``Client(direct_to_workers=True)``, so that actor calls and batches go
 straight to the workers and a user's Client is never reconfigured or closed.
 With nothing given, it starts a private loopback ``LocalCluster`` and closes
-it at shutdown.
+it at shutdown. On a user's cluster, what daskcollect registers there goes when
+its handle closes, and a collector or buffer still open at interpreter exit is
+closed then (:func:`close_at_exit`), before Dask closes its clients.
 """
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 import contextlib
+import json
 import logging
-import os
 import threading
 import uuid
-from collections.abc import Mapping
+import weakref
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import dask.config
 from distributed import Client, LocalCluster, Nanny
+from distributed.comm import connect as comm_connect
+from distributed.security import Security
 
+from daskcollect import _dask
 from daskcollect.errors import ClusterConnectionError, NotEnoughWorkersError
 from daskcollect.main_guard import check_main_guard
 from daskcollect.options import ClusterOptions
@@ -42,10 +51,13 @@ class ClusterHandle:
     Attributes:
         client: Our own ``Client(direct_to_workers=True)``.
         cluster: The private ``LocalCluster``, or ``None`` for a user's cluster.
+        plugins: The worker plugins registered through :meth:`register_plugin`,
+            removed from a user's cluster at :meth:`close`.
     """
 
     client: Client
     cluster: LocalCluster | None = None
+    plugins: list[str] = field(default_factory=list)
     _drained: threading.Event = field(default_factory=threading.Event, repr=False)
     _token: str = field(default_factory=lambda: uuid.uuid4().hex, repr=False)
 
@@ -81,12 +93,28 @@ class ClusterHandle:
         except Exception:  # no dashboard (bokeh missing or disabled)
             return None
 
+    def register_plugin(self, plugin: Any, name: str) -> None:
+        """Registers a worker plugin, to be removed when this handle closes."""
+        self.client.register_plugin(plugin, name=name)
+        self.plugins.append(name)
+
+    def _unregister_plugins(self) -> None:
+        for name in reversed(self.plugins):
+            try:
+                self.client.unregister_worker_plugin(name)
+            except Exception as exc:  # the scheduler is gone: there is nothing left to undo
+                logger.debug("could not remove worker plugin %s (%s)", name, exc)
+        self.plugins.clear()
+
     def close(self, timeout: float) -> None:
-        """Closes our Client and the private cluster; a user's cluster stays."""
+        """Closes our Client and the private cluster; a user's cluster stays, without our plugins."""
         if self.cluster is None:
+            self._unregister_plugins()
             self._drain(min(timeout, 5.0))
         with contextlib.suppress(Exception):
             self.client.close(timeout=timeout)
+        # A Client that closed itself after losing the scheduler skipped stopping its loop above.
+        _dask.stop_loop(self.client)
         if self.cluster is not None:
             with contextlib.suppress(Exception):
                 self.cluster.close(timeout=timeout)
@@ -130,11 +158,36 @@ def connect(options: ClusterOptions, n_workers: int, settings: Settings) -> Clus
         handle = _connect_existing(options, timeout)
     if options.py_modules:
         try:
-            ship(handle.client, options.py_modules)
+            ship(handle, options.py_modules)
         except BaseException:
             handle.close(timeout)
             raise
     return handle
+
+
+_left_open: list[weakref.WeakMethod] = []
+
+
+def close_at_exit(close: Callable[[], Any]) -> None:
+    """Calls ``close`` (a bound ``shutdown`` or ``close``) at interpreter exit if its object is still alive.
+
+    A script that ends without closing its collector would otherwise leave its
+    worker plugins on a user's cluster, its shared-memory files on this host and
+    its envs running until the scheduler notices the client is gone. The handler
+    is registered after ``distributed``'s own (imported above), so it runs first,
+    while our Client still works.
+    """
+    _left_open[:] = [ref for ref in _left_open if ref() is not None]
+    _left_open.append(weakref.WeakMethod(close))
+
+
+@atexit.register
+def _close_left_open() -> None:
+    for ref in reversed(_left_open):
+        close = ref()
+        if close is not None:
+            with contextlib.suppress(Exception):
+                close()
 
 
 class DriverNanny(Nanny):
@@ -166,7 +219,11 @@ class PrivateCluster(LocalCluster):
 
     def __init__(self, *args: Any, scheduler_timeout: float, **kwargs: Any):
         self._scheduler_timeout = scheduler_timeout
-        super().__init__(*args, **kwargs)
+        try:
+            super().__init__(*args, **kwargs)
+        except BaseException:
+            _dask.stop_loop(self)  # SpecCluster closed what it started, but not its event loop
+            raise
 
     async def _start(self) -> None:
         # LocalCluster builds the in-process Scheduler's spec; the same options go to the child.
@@ -213,9 +270,7 @@ def _connect_existing(options: ClusterOptions, timeout: float) -> ClusterHandle:
         kwargs["security"] = options.security
         where = f"the scheduler at {address}"
     elif target is None:
-        address = None
-        _wait_for_scheduler_file(str(options.scheduler_file), timeout)
-        kwargs["scheduler_file"] = options.scheduler_file
+        address = _wait_for_scheduler_file(str(options.scheduler_file), timeout)
         kwargs["security"] = options.security
         where = f"the scheduler named in {options.scheduler_file}"
     else:
@@ -224,6 +279,8 @@ def _connect_existing(options: ClusterOptions, timeout: float) -> ClusterHandle:
             f"{type(target).__name__}. Pass Client(...), 'tcp://host:8786' or nothing."
         )
     try:
+        if not isinstance(target, Client):  # a given Client is connected already
+            _probe(address, kwargs["security"], timeout)
         client = Client(address, **kwargs)
     except (OSError, TimeoutError, ValueError, TypeError) as exc:
         if str(address).startswith("tls://") and kwargs.get("security") is None:
@@ -244,8 +301,35 @@ def _connect_existing(options: ClusterOptions, timeout: float) -> ClusterHandle:
     return ClusterHandle(client)
 
 
-def _wait_for_scheduler_file(path: str, timeout: float) -> None:
-    """Waits (bounded) for a scheduler file to appear; Dask's own wait has no useful message."""
+def _probe(address: str, security: Any, timeout: float) -> None:
+    """Connects to ``address`` once through Dask's comm layer (TCP, TLS, any backend), then hangs up.
+
+    An unreachable scheduler, or one that speaks TLS to a driver without
+    certificates, then fails here, before a ``Client`` exists: Dask leaves a
+    Client whose start failed with its event loop running until the Client is
+    garbage, and its ``__del__`` may then run in the thread of another
+    ``LoopRunner`` that is starting, and block it for 10 s on Dask's lock
+    (the next collection after a failed connection failing at random).
+
+    Raises:
+        OSError, TimeoutError, TypeError, ValueError: What Dask's ``connect`` raises.
+    """
+
+    async def connect_once() -> None:
+        args = (security or Security()).get_connection_args("client")
+        comm = await comm_connect(address, timeout=timeout, **args)
+        await comm.close()
+
+    # A thread of its own: the caller may be inside a running event loop (a notebook).
+    with ThreadPoolExecutor(1, thread_name_prefix="daskcollect-probe") as pool:
+        pool.submit(asyncio.run, connect_once()).result()
+
+
+def _wait_for_scheduler_file(path: str, timeout: float) -> str:
+    """Waits (bounded) for a scheduler file to appear; its scheduler's address.
+
+    Dask's own wait has no useful message.
+    """
 
     def fail() -> ClusterConnectionError:
         return ClusterConnectionError(
@@ -255,7 +339,14 @@ def _wait_for_scheduler_file(path: str, timeout: float) -> None:
             path=path,
         )
 
-    poll_until(lambda: os.path.exists(path), timeout, interval=0.1, fail=fail)
+    def address() -> str | None:
+        try:
+            with open(path) as f:
+                return json.load(f)["address"]
+        except (OSError, ValueError, KeyError):  # not there yet, or half written
+            return None
+
+    return poll_until(address, timeout, interval=0.1, fail=fail)
 
 
 def eligible_workers(client: Client, resources: Mapping[str, float] | None, timeout: float) -> list[str]:

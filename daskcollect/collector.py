@@ -35,7 +35,7 @@ from torchrl.collectors.utils import split_trajectories
 
 from daskcollect import _dask, retirement
 from daskcollect.background import BackgroundCollection
-from daskcollect.cluster import ClusterHandle, connect, eligible_workers, wait_for_workers
+from daskcollect.cluster import ClusterHandle, close_at_exit, connect, eligible_workers, wait_for_workers
 from daskcollect.engine import Engine
 from daskcollect.errors import CollectorClosedError, ConfigurationError, EndlessCollectionError
 from daskcollect.iteration import AsyncIteration, SyncIteration
@@ -202,7 +202,6 @@ class DaskCollector(BaseCollector):
         self._closed = True  # nothing to release until the cluster is up
         self._handle: ClusterHandle | None = None
         self._driver_threads: int | None = None  # torch threads to restore at shutdown
-        self._plugin_name: str | None = None
         self._reporter: Reporter | None = None
         self._last_count = 0
         #: The engine (actors, weights, failure policy); public for tests and tools.
@@ -228,6 +227,7 @@ class DaskCollector(BaseCollector):
         self._background = BackgroundCollection(self._background_batches, self._finish_pass, "daskcollect")
 
         self._closed = False
+        close_at_exit(self.shutdown)
         try:
             self._open()
             if seed is not None:
@@ -257,8 +257,8 @@ class DaskCollector(BaseCollector):
             n = len(eligible_workers(client, resources, settings.timeouts.connect))
         spec.check_count(n)
         recipes = spec.recipes(n)
-        self._plugin_name = f"daskcollect-{id(self):x}"
-        client.register_plugin(WorkerSetup(spec.cluster.worker_env, settings.worker), name=self._plugin_name)
+        setup = WorkerSetup(spec.cluster.worker_env, settings.worker)
+        self._handle.register_plugin(setup, name=f"daskcollect-{id(self):x}")
         retirement.install_retirement_hook(client, settings.timeouts.retire)
         dashboard.install_monitor(client, settings.history)
         module = self.policy if isinstance(self.policy, torch.nn.Module) else None
@@ -614,11 +614,6 @@ class DaskCollector(BaseCollector):
             torch.set_num_threads(self._driver_threads)
             self._driver_threads = None
         if self._handle is not None:
-            if self._plugin_name is not None and self._handle.cluster is None:
-                try:
-                    self._handle.client.unregister_worker_plugin(self._plugin_name)
-                except Exception:  # scheduler gone: nothing left to undo
-                    pass
             self._handle.close(timeout)
         if raise_on_error:
             self._background.raise_error()  # what ended a background collection, if nothing did yet

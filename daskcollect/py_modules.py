@@ -7,8 +7,8 @@ Ray users pass ``runtime_env={"py_modules": [...]}``; here the same keyword
 uploads each module (a ``.py`` file, or a package as a ``.zip``) through a
 ``distributed.diagnostics.plugin.UploadFile`` worker plugin: every current
 worker imports it before any collector is built, and workers that join later
-get it too. Like ``Client.upload_file``, the upload stays registered on the
-cluster after the collection.
+get it too. The plugins go when the collection closes (the files the workers
+received stay in their scratch space, as ``Client.upload_file``'s do).
 """
 
 from __future__ import annotations
@@ -88,8 +88,13 @@ def archive(source: Path, folder: str) -> Path:
     return target
 
 
-def ship(client: Any, sources: Sequence[Path]) -> None:
+def ship(handle: Any, sources: Sequence[Path]) -> None:
     """Uploads ``sources`` (as :func:`resolve` returns them) to every worker, now and as workers join.
+
+    Args:
+        handle: The collection's :class:`~daskcollect.cluster.ClusterHandle`,
+            which removes the plugins when it closes.
+        sources: The files and packages.
 
     Raises:
         ConfigurationError: If a worker fails to import one.
@@ -100,7 +105,7 @@ def ship(client: Any, sources: Sequence[Path]) -> None:
         for source in sources:
             upload = archive(source, folder)
             try:
-                client.register_plugin(UploadFile(str(upload)), name=PLUGIN_PREFIX + upload.name)
+                handle.register_plugin(UploadFile(str(upload)), name=PLUGIN_PREFIX + upload.name)
             except Exception as exc:
                 raise ConfigurationError(
                     f"Shipping {source} to the workers failed: a worker could not import it "

@@ -23,7 +23,7 @@ from typing import Any
 
 import cloudpickle
 
-from daskcollect.cluster import ClusterHandle, connect, wait_for_workers
+from daskcollect.cluster import ClusterHandle, close_at_exit, connect, wait_for_workers
 from daskcollect.errors import ConfigurationError, ReplayBufferLostError
 from daskcollect.options import ClusterOptions
 from daskcollect.serialization import register_serializers
@@ -120,6 +120,7 @@ class DaskReplayBuffer:
         options = ClusterOptions(client, scheduler_file, {}, worker_resources, security)
         self._handle: ClusterHandle = connect(options, n_workers=1, settings=self.settings)
         self._closed = False
+        close_at_exit(self.close)
         try:
             self._start(recipe, address, worker_resources)
         except BaseException:
@@ -130,7 +131,9 @@ class DaskReplayBuffer:
         client, timeouts = self._handle.client, self.settings.timeouts
         if address is None:
             address = wait_for_workers(client, 1, resources, timeouts.workers)[0]
-        client.register_plugin(WorkerSetup({}, self.settings.worker), name="daskcollect-buffer-setup")
+        self._handle.register_plugin(
+            WorkerSetup({}, self.settings.worker), name=f"daskcollect-buffer-{id(self):x}"
+        )
         future = client.submit(
             BufferActor, recipe, actor=True, workers=[address], allow_other_workers=False,
             pure=False, key=f"{BUFFER_KEY_PREFIX}{uuid.uuid4().hex[:12]}",
