@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -10,6 +11,10 @@ import time
 
 import psutil
 from distributed import Client
+
+#: An address where no scheduler listens: a check made before connecting fails first, and one made
+#: after fails with ClusterConnectionError instead (validation tests need no cluster).
+NO_SCHEDULER = "tcp://127.0.0.1:1"
 
 
 def children() -> set[int]:
@@ -24,6 +29,21 @@ def fresh_python(code: str, timeout: float = 60.0) -> str:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout.strip()
+
+
+@contextlib.contextmanager
+def environment(**variables: str):
+    """Sets environment variables for the block (what processes started in it inherit)."""
+    saved = {k: os.environ.get(k) for k in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def wait_until(predicate, timeout: float = 20.0, interval: float = 0.1) -> bool:
