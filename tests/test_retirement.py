@@ -1,15 +1,117 @@
-"""daskcollect.retirement: workers that retire themselves (--lifetime) with a restart come back."""
+"""daskcollect.retirement: graceful retirement of collectors' workers; Dask's own for the other workers.
+
+The scheduler plugin's logic runs in process, on Dask's ``gen_cluster``: a
+retirement of a worker without a collector, of one with a collector's actor
+(announced, then retired once the actor is released, or refused after the
+timeout), a worker retiring itself (removed when it disconnects), and the plugin's
+close. The end-to-end test keeps real nannies restarting ``--lifetime`` workers
+under a slow scheduler (``tests/test_engine.py`` has collections across
+retirements).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 from distributed import Client
+from distributed.core import rpc
 from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.utils_test import gen_cluster
 from helpers import wait_until
 
-from daskcollect.retirement import install_retirement_hook
+from daskcollect.polling import apoll_until
+from daskcollect.retirement import (
+    ACTOR_KEY_PREFIX,
+    RETIREMENT_PLUGIN,
+    RETIRING_TOPIC,
+    GracefulRetirement,
+    install_retirement_hook,
+)
+
+TWO_WORKERS = [("127.0.0.1", 1), ("127.0.0.1", 1)]
+
+
+class Held:
+    """An actor whose key carries daskcollect's prefix: to the plugin, a collector."""
+
+
+def announced(scheduler) -> list[list[str]]:
+    return [msg["workers"] for _, msg in scheduler.get_events(RETIRING_TOPIC)]
+
+
+async def with_plugin(client, timeout: float = 10.0) -> None:
+    await client.register_plugin(GracefulRetirement(timeout), name=RETIREMENT_PLUGIN)
+
+
+@gen_cluster(client=True, nthreads=TWO_WORKERS)
+async def test_a_worker_without_collectors_retires_as_with_dask_alone(c, s, a, b):
+    await with_plugin(c)
+    other = c.submit(Held, actor=True, workers=[b.address], key="users-own-actor")  # not ours
+    await other
+    retired = await c.retire_workers([a.address])
+    assert set(retired) == {a.address} and a.address not in s.workers  # retired and removed at once
+    assert announced(s) == []  # nothing to release first
+    # A worker holding somebody else's actor: Dask refuses it, as it would without the plugin.
+    assert await c.retire_workers([b.address]) == {} and b.address in s.workers
+    assert announced(s) == []
+
+
+@gen_cluster(client=True, nthreads=TWO_WORKERS)
+async def test_a_collectors_worker_is_announced_then_retired_once_its_actor_is_released(c, s, a, b):
+    await with_plugin(c)
+    actor = c.submit(Held, actor=True, workers=[a.address], key=f"{ACTOR_KEY_PREFIX}test-0")
+    await actor
+    retiring = asyncio.ensure_future(c.retire_workers([a.address]))
+    assert await apoll_until(lambda: announced(s), 10)
+    (workers,) = announced(s)
+    assert workers == [a.address] and not retiring.done()  # it waits for the release
+    await c.cancel([actor])
+    retired = await asyncio.wait_for(retiring, 10)
+    assert set(retired) == {a.address} and set(s.workers) == {b.address}
+
+
+@gen_cluster(client=True, nthreads=TWO_WORKERS)
+async def test_a_collector_not_released_in_time_leaves_its_worker_to_dasks_refusal(c, s, a, b):
+    await with_plugin(c, timeout=0.5)
+    actor = c.submit(Held, actor=True, workers=[a.address], key=f"{ACTOR_KEY_PREFIX}test-1")
+    await actor
+    start = time.monotonic()
+    assert await c.retire_workers([a.address]) == {}  # refused: it still holds the actor
+    assert 0.5 <= time.monotonic() - start < 5
+    assert a.address in s.workers and announced(s) == [[a.address]]
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_a_worker_retiring_itself_stays_listed_until_it_disconnects(c, s, a):
+    """What ``Worker.close_gracefully`` (``--lifetime``) asks: a heartbeat racing the worker's close
+    then still finds it, and the worker does not close its nanny (dask/distributed#4752)."""
+    await with_plugin(c)
+    async with rpc(s.address) as scheduler:
+        await scheduler.retire_workers(
+            workers=[a.address],
+            close_workers=False,
+            remove=True,
+            stimulus_id=f"worker-close-gracefully-{time.time()}",
+        )
+    assert a.address in s.workers and s.workers[a.address].status.name == "closing_gracefully"
+    await a.close()
+    assert await apoll_until(lambda: a.address not in s.workers, 10)
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_the_plugin_wraps_dasks_handler_once_and_gives_it_back_at_close(c, s, a):
+    """Its ``close()`` runs when the scheduler closes. (Dask's ``unregister_scheduler_plugin`` does
+    not call it: removing the hook from a running scheduler is the good-citizen issue's, #26.)"""
+    dasks = s.handlers["retire_workers"]
+    await with_plugin(c)
+    wrapped = s.handlers["retire_workers"]
+    assert wrapped is not dasks
+    await with_plugin(c)  # a second collection registers it again: nothing changes
+    assert s.handlers["retire_workers"] is wrapped
+    await s.plugins[RETIREMENT_PLUGIN].close()
+    assert s.handlers["retire_workers"] == dasks
 
 
 class SlowRemoval(SchedulerPlugin):
@@ -22,29 +124,16 @@ class SlowRemoval(SchedulerPlugin):
             await asyncio.sleep(2)
 
 
-def worker_lives(make_cluster, hook: bool, wanted: int, seconds: float) -> tuple[set[str], int]:
-    """Runs a 1-worker cluster with lifetime="3s" and restart; returns the workers seen and the count at the end."""
+def test_a_lifetime_restart_worker_comes_back_every_time_under_a_slow_scheduler(make_cluster):
     cluster = make_cluster(n_workers=1, lifetime="3s", lifetime_stagger="0s", lifetime_restart=True)
     with Client(cluster, set_as_default=False) as client:
         client.register_plugin(SlowRemoval())
-        if hook:
-            assert install_retirement_hook(client, timeout=10)
+        assert install_retirement_hook(client, timeout=10)
         seen: set[str] = set()
 
         def seen_enough() -> bool:
             seen.update(cluster.scheduler.workers)
-            return len(seen) >= wanted
+            return len(seen) >= 3
 
-        wait_until(seen_enough, timeout=seconds)
-        return seen, len(cluster.scheduler.workers)
-
-
-def test_a_lifetime_restart_worker_comes_back_every_time_under_a_slow_scheduler(make_cluster):
-    seen, _ = worker_lives(make_cluster, hook=True, wanted=3, seconds=45)
+        wait_until(seen_enough, timeout=45)
     assert len(seen) >= 3, f"the worker came back {len(seen) - 1} times in 45 s, not twice: {seen}"
-
-
-def test_without_the_hook_dask_loses_the_worker_at_its_first_retirement(make_cluster):
-    """The race the hook avoids is real here (if Dask fixes dask/distributed#4752, the hook's change can go)."""
-    seen, left = worker_lives(make_cluster, hook=False, wanted=2, seconds=15)
-    assert len(seen) == 1 and left == 0, f"Dask itself brought the worker back: {seen}"

@@ -9,7 +9,7 @@ import os
 import torch
 from distributed import LocalCluster
 
-from daskcollect import DaskCollector
+from daskcollect import DaskCollector, _dask
 from daskcollect._dask import HEARTBEAT_FAILURE, QuietHeartbeatAtClose
 from daskcollect.settings import WorkerSettings
 from daskcollect.testing import make_cartpole, make_env_reading_variable
@@ -65,9 +65,13 @@ def test_foreign_scratch_dirs_are_trimmed_and_restored(client):
     assert foreign_scratch_dirs(paths, own="/x/dask-scratch-space/worker-a") == paths[1:3]
 
     def scratch_entries():
+        import os
         import sys
 
-        return sorted(p for p in sys.path if "dask-scratch-space" in p)
+        def scratch(path: str) -> bool:  # the scratch root or a node's folder in it
+            return "dask-scratch-space" in (os.path.basename(path), os.path.basename(os.path.dirname(path)))
+
+        return sorted(p for p in sys.path if scratch(p))
 
     before = client.run(scratch_entries)
     assert any(len(entries) > 1 for entries in before.values())  # the inherited junk is there
@@ -81,8 +85,8 @@ def test_foreign_scratch_dirs_are_trimmed_and_restored(client):
 
 
 def test_tick_interval_relaxed_while_registered_and_restored(client):
-    def tick_ms(dask_worker):
-        return dask_worker.periodic_callbacks["tick"].callback_time
+    def tick_ms(dask_worker):  # read through daskcollect's one accessor of it (tests/test_dask_internals.py)
+        return _dask.tick_callback(dask_worker).callback_time
 
     before = client.run(tick_ms)
     with DaskCollector(make_cartpole, frames_per_batch=10, total_frames=20, client=client):
