@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import dask
 import pytest
 from helpers import fresh_python, noise
 
@@ -50,7 +51,8 @@ def test_bad_worker_env_is_a_usage_error(capsys):
 
 
 def test_unreachable_scheduler_is_one_line(capsys):
-    code = main(["run", "--env", "CartPole-v1", "--scheduler", "tcp://127.0.0.1:9", "--no-progress"])
+    with dask.config.set({"daskcollect.timeouts.connect": "1s"}):
+        code = main(["run", "--env", "CartPole-v1", "--scheduler", "tcp://127.0.0.1:9", "--no-progress"])
     assert code == EXIT_ERROR
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "Could not connect" in err[0]

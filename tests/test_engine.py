@@ -13,6 +13,7 @@ import psutil
 import pytest
 import torch
 from distributed import Client
+from helpers import NO_SCHEDULER
 
 from daskcollect import ClusterConnectionError, CollectorLostError, ConfigurationError, DaskCollector
 from daskcollect.testing import (
@@ -227,10 +228,10 @@ def test_follows_the_cluster_when_workers_join(make_cluster, sync):
         assert later[-1].batch_size == torch.Size([3, 50])  # each collector keeps its share
 
 
-def test_auto_needs_a_single_constructor(client):
+def test_auto_needs_a_single_constructor():
     with pytest.raises(ConfigurationError, match="auto"):
         DaskCollector(
-            [make_cartpole, make_cartpole], frames_per_batch=10, num_collectors="auto", client=client
+            [make_cartpole, make_cartpole], frames_per_batch=10, num_collectors="auto", client=NO_SCHEDULER
         )
 
 

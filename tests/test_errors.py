@@ -6,8 +6,9 @@ import socket
 import threading
 import time
 
+import dask
 import pytest
-from helpers import actors_on, children, wait_until
+from helpers import NO_SCHEDULER, actors_on, children, wait_until
 
 from daskcollect import (
     ClusterConnectionError,
@@ -47,15 +48,16 @@ def no_actors(client) -> bool:
         ({"frames_per_batch": 10, "max_weight_update_interval": -3}, "max_weight_update_interval"),
     ],
 )
-def test_bad_arguments(client, kwargs, match):
+def test_bad_arguments(kwargs, match):
     with pytest.raises(ConfigurationError, match=match):
-        DaskCollector(make_cartpole, client=client, **kwargs)
-    assert no_actors(client)
+        DaskCollector(make_cartpole, client=NO_SCHEDULER, **kwargs)
 
 
-def test_list_length_differs_from_num_collectors(client):
+def test_list_length_differs_from_num_collectors():
     with pytest.raises(ConfigurationError, match="create_env_fn is a list of length 2"):
-        DaskCollector([make_cartpole, make_cartpole], frames_per_batch=10, num_collectors=3, client=client)
+        DaskCollector(
+            [make_cartpole, make_cartpole], frames_per_batch=10, num_collectors=3, client=NO_SCHEDULER
+        )
 
 
 def test_env_constructor_raises_on_worker(client):
@@ -98,16 +100,18 @@ def test_unreachable_scheduler():
         port = s.getsockname()[1]
     before = children()
     start = time.monotonic()
-    with pytest.raises(ClusterConnectionError, match=f"127.0.0.1:{port}") as info:
+    # The connect timeout bounds the wait (a scheduler may still be starting): 1 s here.
+    with (
+        dask.config.set({"daskcollect.timeouts.connect": "1s"}),
+        pytest.raises(ClusterConnectionError, match=f"127.0.0.1:{port}") as info,
+    ):
         DaskCollector(make_cartpole, frames_per_batch=10, client=f"tcp://127.0.0.1:{port}")
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 10
     assert "Check that the scheduler is running" in str(info.value)
     assert children() <= before
 
 
 def test_too_few_workers(client):
-    import dask
-
     start = time.monotonic()
     with dask.config.set({"daskcollect.timeouts.workers": "2s"}):
         with pytest.raises(NotEnoughWorkersError, match="Needed 3 workers") as info:

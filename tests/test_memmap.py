@@ -12,6 +12,7 @@ import psutil
 import pytest
 import torch
 from distributed import Client
+from helpers import NO_SCHEDULER, wait_until
 from tensordict import MemoryMappedTensor, TensorDict
 from torchrl.collectors import Collector
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ListStorage, ReplayBuffer
@@ -35,6 +36,17 @@ def folders(root) -> list[str]:
     return sorted(os.listdir(root)) if os.path.isdir(root) else []
 
 
+def collection_folder(memmap_dir) -> str:
+    """The one folder a collection writes its rollouts in, under ``memmap_dir``."""
+    (name,) = folders(memmap_dir)
+    return os.path.join(memmap_dir, name)
+
+
+def idle(collector) -> bool:
+    states = [c["state"] for c in collector.stats()["collectors"]]
+    return states == ["idle"] * len(states)
+
+
 def seeded(client, **kwargs):
     return DaskCollector(
         make_cartpole, cartpole_policy(0), frames_per_batch=60, total_frames=180, sync=True, seed=3,
@@ -46,7 +58,7 @@ def test_handles_load_what_the_workers_collected(client, tmp_path):
     with seeded(client) as collector:
         expected = list(collector)
     with seeded(client, output="memmap", memmap_dir=tmp_path) as collector:
-        root = collector.engine.ledger.root
+        root = collection_folder(tmp_path)
         for batch, want in zip(collector, expected):
             assert isinstance(batch, MemmapBatch)
             assert batch.batch_size == want.batch_size == torch.Size([2, 30])
@@ -67,7 +79,7 @@ def test_async_handles_and_keep_last_k(client, tmp_path):
         make_cartpole, frames_per_batch=50, total_frames=300, output="memmap", memmap_dir=tmp_path,
         memmap_retention=2, client=client,
     ) as collector:  # fmt: skip
-        root = collector.engine.ledger.root
+        root = collection_folder(tmp_path)
         handles = []
         for batch in collector:
             handles.append(batch)
@@ -98,7 +110,7 @@ def test_back_pressure_holds_the_bound(client, tmp_path):
         make_pixel_env, frames_per_batch=20, total_frames=-1, output="memmap", memmap_dir=tmp_path,
         max_unreleased=3, client=client,
     ) as collector:  # fmt: skip
-        root = collector.engine.ledger.root
+        root = collection_folder(tmp_path)
         seen_max = 0
         stop = threading.Event()
 
@@ -112,10 +124,15 @@ def test_back_pressure_holds_the_bound(client, tmp_path):
         watcher.start()
         it = iter(collector)
         held = [next(it) for _ in range(3)]
-        time.sleep(1.0)  # the collectors must now be idle: 3 rollouts are held
+        assert wait_until(lambda: idle(collector), timeout=30)  # 3 rollouts are held: nothing runs
         assert len([f for f in folders(root) if not f.startswith(TMP_PREFIX)]) == 3
-        threading.Timer(0.5, held[0].release).start()  # another thread releases one
-        fourth = next(it)
+        taken = []
+        taker = threading.Thread(target=lambda: taken.append(next(it)))  # waits for room
+        taker.start()
+        assert idle(collector) and not taken
+        held[0].release()
+        taker.join(timeout=30)
+        (fourth,) = taken
         assert held[0].released and not fourth.released
         for h in [*held[1:], fourth]:
             h.release()
@@ -157,20 +174,22 @@ def test_replay_buffer_holds_exactly_the_frames_collected(client, tmp_path):
     assert folders(shared) == []
 
 
-def test_list_storage_is_refused_with_memmap(client, tmp_path):
+def test_list_storage_is_refused_with_memmap(tmp_path):
     with pytest.raises(ConfigurationError, match="LazyTensorStorage"):
         DaskCollector(
             make_cartpole, frames_per_batch=10, output="memmap", memmap_dir=tmp_path,
-            replay_buffer=ReplayBuffer(storage=ListStorage(10)), client=client,
+            replay_buffer=ReplayBuffer(storage=ListStorage(10)), client=NO_SCHEDULER,
         )  # fmt: skip
 
 
-def test_bad_memmap_dir(client, tmp_path):
+def test_bad_memmap_dir(tmp_path):
     with pytest.raises(ConfigurationError, match="memmap_dir"):
-        DaskCollector(make_cartpole, frames_per_batch=10, output="memmap", client=client)
+        DaskCollector(make_cartpole, frames_per_batch=10, output="memmap", client=NO_SCHEDULER)
     missing = tmp_path / "nope"
     with pytest.raises(SharedFilesystemError, match="the driver: memmap_dir .*nope.* does not exist"):
-        DaskCollector(make_cartpole, frames_per_batch=10, output="memmap", memmap_dir=missing, client=client)
+        DaskCollector(
+            make_cartpole, frames_per_batch=10, output="memmap", memmap_dir=missing, client=NO_SCHEDULER
+        )
     with pytest.raises(SharedFilesystemError, match="collector 3 on worker X"):
         check_writable(str(missing), "collector 3 on worker X")
 
@@ -197,7 +216,7 @@ def test_worker_killed_mid_write_leaves_no_partial_batch(make_cluster, tmp_path)
             lambda: make_pixel_env(size=96), frames_per_batch=400, total_frames=400 * 8, output="memmap",
             memmap_dir=tmp_path, memmap_retention="keep", num_collectors=2, client=client,
         ) as collector:  # fmt: skip
-            root = collector.engine.ledger.root
+            root = collection_folder(tmp_path)
             pid = client.run(os.getpid, workers=[collector.workers[0]])[collector.workers[0]]
             for i, batch in enumerate(collector):
                 batch.release()
