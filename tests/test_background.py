@@ -12,6 +12,12 @@ from daskcollect import ConfigurationError, DaskCollector, RolloutError
 from daskcollect.testing import make_cartpole, make_env_failing_after
 
 
+def idle(collector: DaskCollector) -> bool:
+    """No background collection, and no rollout running on any collector."""
+    states = [c["state"] for c in collector.stats()["collectors"]]
+    return not collector.collecting_in_background and states == ["idle"] * len(states)
+
+
 def test_start_collects_in_the_background_until_total_frames(client):
     rb = ReplayBuffer(storage=LazyTensorStorage(10_000))
     with DaskCollector(make_cartpole, frames_per_batch=100, total_frames=2000, num_collectors=2,
@@ -19,9 +25,8 @@ def test_start_collects_in_the_background_until_total_frames(client):
         start = time.monotonic()
         collector.start()
         assert time.monotonic() - start < 1.0  # returns at once
-        assert wait_until(lambda: len(rb) >= 2000, timeout=60)
-        time.sleep(0.5)
-        assert len(rb) == 2000  # exactly total_frames, then it stops
+        assert wait_until(lambda: not collector.collecting_in_background, timeout=60)  # it ended
+        assert len(rb) == 2000  # exactly total_frames, then it stopped
         assert collector.stats()["frames"] == 2000
 
 
@@ -34,15 +39,14 @@ def test_pause_stops_writes_then_resumes(client):
         with collector.pause():
             frozen = len(rb)
             assert frozen % 100 == 0  # whole rollouts only
-            time.sleep(1.0)
-            assert len(rb) == frozen  # no write while paused
+            assert idle(collector)  # nothing in flight and no thread left that could write
             assert collector.stats()["live_collectors"] == 2  # the collector stays usable inside the block
+            assert len(rb) == frozen
         assert wait_until(lambda: len(rb) > frozen + 500, timeout=60)  # resumed on exit
         with collector.pause(resume=False):
             pass
         stopped = len(rb)
-        time.sleep(1.0)
-        assert len(rb) == stopped
+        assert idle(collector) and len(rb) == stopped
 
 
 def test_start_needs_a_replay_buffer(client):

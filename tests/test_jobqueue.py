@@ -7,11 +7,11 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import dask
 import pytest
 from distributed import Client
+from helpers import wait_until
 
 from daskcollect import DaskCollector
 from daskcollect.testing import make_cartpole
@@ -77,13 +77,6 @@ def test_hpc_example_off_a_cluster_fails_fast(name, submit, directive):
     ]
 
 
-def wait_until(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
-
-
 def test_collect_on_jobqueue_jobs_with_scale_and_adapt(make_cluster):
     """Real job scripts run as local processes (dask_jobqueue.local.LocalCluster): scale up, down, adapt."""
     cluster = jobqueue_local.LocalCluster(
@@ -99,21 +92,18 @@ def test_collect_on_jobqueue_jobs_with_scale_and_adapt(make_cluster):
             ) as collector:  # fmt: skip
                 it = iter(collector)
                 batches = [next(it) for _ in range(3)]
+
+                def live_becomes(live: int):
+                    return lambda: batches.append(next(it)) or collector.stats()["live_collectors"] == live
+
                 cluster.scale(jobs=3)  # a job joins: it gets a collector
                 client.wait_for_workers(3, timeout=60)
-                wait_until(
-                    lambda: batches.append(next(it)) or collector.stats()["live_collectors"] == 3, 60, "grow"
-                )
+                # Each check takes a batch (next() is the bounded wait), so no sleep between them.
+                assert wait_until(live_becomes(3), timeout=60, interval=0), "grow"
                 cluster.scale(jobs=1)  # two jobs leave: their collectors close first
-                wait_until(
-                    lambda: batches.append(next(it)) or collector.stats()["live_collectors"] == 1,
-                    60,
-                    "shrink",
-                )
+                assert wait_until(live_becomes(1), timeout=60, interval=0), "shrink"
                 cluster.adapt(minimum_jobs=2, maximum_jobs=2)
-                wait_until(
-                    lambda: batches.append(next(it)) or collector.stats()["live_collectors"] == 2, 90, "adapt"
-                )
+                assert wait_until(live_becomes(2), timeout=90, interval=0), "adapt"
                 batches += [next(it) for _ in range(5)]
                 stats = collector.stats()
     finally:

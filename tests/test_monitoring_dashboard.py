@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 from distributed import Client, performance_report
-from helpers import fresh_python
+from helpers import fresh_python, wait_until
 
 from daskcollect import DaskCollector
 from daskcollect.monitoring.dashboard import CollectorMonitor
@@ -83,36 +83,43 @@ class Collecting:
         self.collector.shutdown()
 
 
-def wait_for_report(collector: DaskCollector, frames: int, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while collector.stats()["frames"] < frames:
-        assert time.monotonic() < deadline, "the collection made no progress"
-        time.sleep(0.2)
-    time.sleep(1.5)  # one report interval
-
-
 def page_json(cluster) -> dict:
     return json.loads(
         urllib.request.urlopen(dashboard_base(cluster) + "/daskcollect/json", timeout=10).read()
     )
 
 
-def wait_for_history(cluster, points: int, timeout: float = 30) -> None:
-    """Until a collecting collection has ``points`` points of history on the scheduler."""
-    deadline = time.monotonic() + timeout
-    while not any(
-        c["state"] == "collecting" and len(c["history"]) >= points for c in page_json(cluster).values()
-    ):
-        assert time.monotonic() < deadline, f"no collection reached {points} points of history"
-        time.sleep(0.5)
+def collecting(cluster) -> dict:
+    """The collection that is collecting now, as the scheduler's page has it (``{}`` before its report).
+
+    The page keeps the closed collections of earlier tests too; one test collects at a time."""
+    return next((c for c in page_json(cluster).values() if c["state"] == "collecting"), {})
+
+
+def newest(cluster) -> dict:
+    """The collection that reported last."""
+    return max(page_json(cluster).values(), key=lambda c: c["received"])
+
+
+def wait_for_report(cluster, frames: int, points: int = 1, timeout: float = 60) -> None:
+    """Until the page shows the running collection with ``frames`` frames and ``points`` points of history."""
+    reached = wait_until(
+        lambda: (
+            collecting(cluster).get("frames", 0) >= frames and len(collecting(cluster)["history"]) >= points
+        ),
+        timeout=timeout,
+        interval=0.2,
+    )
+    assert reached, (
+        f"the page never showed {frames} frames and {points} points of history: {collecting(cluster)}"
+    )
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it)")
 def test_page_in_headless_chromium(cluster, client, tmp_path):
     url = dashboard_base(cluster) + "/daskcollect"
     with Collecting(client) as collector:
-        wait_for_report(collector, frames=2000)
-        wait_for_history(cluster, points=4)
+        wait_for_report(cluster, frames=2000, points=4)
         # The page refreshes itself every 2 s: a virtual-time budget near 2000 ms lets the refresh
         # start as the budget runs out, and Chromium then prints the empty document it navigates to.
         dom = chromium(tmp_path, "--virtual-time-budget=500", "--dump-dom", url)
@@ -141,8 +148,8 @@ def test_page_in_headless_chromium(cluster, client, tmp_path):
 
 def test_prometheus_metrics_and_json(cluster, client):
     base = dashboard_base(cluster)
-    with Collecting(client) as collector:
-        wait_for_report(collector, frames=1000)
+    with Collecting(client):
+        wait_for_report(cluster, frames=1000)
         metrics = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
         page = urllib.request.urlopen(base + "/daskcollect/json", timeout=10).read().decode()
     series = dict(re.findall(r'^daskcollect_frames_total\{collection="([^"]+)"\} (\S+)$', metrics, re.M))
@@ -152,14 +159,13 @@ def test_prometheus_metrics_and_json(cluster, client):
 
 
 def test_page_numbers_match_stats(cluster, client):
-    # 2,100 frames: no other collection of this module delivers as many.
     with DaskCollector(
         make_cartpole, frames_per_batch=100, total_frames=2100, num_collectors=2, client=client
     ) as c:
         frames = sum(b.numel() for b in c)
         stats = c.stats()
-    (page,) = [p for p in page_json(cluster).values() if p["state"] == "closed" and p["frames"] == 2100]
-    assert frames == 2100
+    page = newest(cluster)  # its final report, sent at shutdown
+    assert frames == page["frames"] == 2100 and page["state"] == "closed"
     for key in ("frames", "batches", "episodes", "episode_return_mean", "episode_length_mean", "policy_lag",
                 "time_split", "restarts", "frames_lost", "live_collectors"):  # fmt: skip
         assert page[key] == stats[key], key
@@ -176,8 +182,9 @@ def test_closed_collection_is_marked(cluster, client):
         make_cartpole, frames_per_batch=100, total_frames=400, num_collectors=2, client=client
     ) as c:
         frames = sum(b.numel() for b in c)
-    page = urllib.request.urlopen(dashboard_base(cluster) + "/daskcollect/json", timeout=10).read().decode()
-    assert frames == 400 and '"state": "closed"' in page
+        assert newest(cluster)["state"] in ("ready", "collecting")
+    page = newest(cluster)
+    assert frames == page["frames"] == 400 and page["state"] == "closed"
 
 
 def test_page_without_collections():

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter, defaultdict
 
 import dask
 import pytest
 
-from daskcollect import CollectorLostError, ConfigurationError, DaskCollector
+from daskcollect import CollectorLostError, DaskCollector
 from daskcollect.monitoring.stats import FailureCounters
 from daskcollect.testing import cartpole_policy, make_cartpole
 
@@ -98,22 +97,26 @@ def test_logger_gets_the_stats_as_scalars(client, tmp_path):
     from torchrl.record import CSVLogger
 
     logger = CSVLogger("run", log_dir=str(tmp_path))
+    logged = logger.experiment.scalars  # what the CSV files get, line by line
+    frames = 0
     with dask.config.set({"daskcollect.dashboard.report-interval": "200ms"}):
         with DaskCollector(
             make_cartpole,
             frames_per_batch=100,
-            total_frames=4000,
+            total_frames=-1,
             num_collectors=2,
             client=client,
             logger=logger,
         ) as c:
-            for _ in c:
-                time.sleep(0.01)
+            for batch, _ in zip(c, range(10_000)):  # bounded: until three reports were logged
+                frames += batch.numel()
+                if len(logged["collector/frames"]) >= 3:
+                    break
     scalars = tmp_path / "run" / "scalars" / "collector"
-    frames = [line.split(",") for line in (scalars / "frames.csv").read_text().split()]
-    assert len(frames) >= 3
-    assert all(int(step) == int(float(value)) for step, value in frames)  # the frame count is the step
-    assert float(frames[-1][1]) == 4000  # the final snapshot, logged at shutdown
+    lines = [line.split(",") for line in (scalars / "frames.csv").read_text().split()]
+    assert len(lines) >= 4  # three reports, then the final snapshot
+    assert all(int(step) == int(float(value)) for step, value in lines)  # the frame count is the step
+    assert float(lines[-1][1]) == frames  # the final snapshot, logged at shutdown
     for name in ("episode_return_mean", "frames_per_second", "policy_lag", "time_env_ms", "restarts"):
         assert (scalars / f"{name}.csv").stat().st_size > 0, name
 
@@ -135,28 +138,22 @@ def test_a_raising_logger_never_stops_collection(client):
     handler.emit = lambda record: warnings_seen.append(record.getMessage())
     logging.getLogger("torchrl").addHandler(handler)
     logger = BrokenLogger()
+    after_failure = 0
     try:
         with dask.config.set({"daskcollect.dashboard.report-interval": "100ms"}):
             with DaskCollector(
                 make_cartpole,
                 frames_per_batch=100,
-                total_frames=3000,
+                total_frames=-1,
                 num_collectors=2,
                 client=client,
                 logger=logger,
             ) as c:
-                frames = 0
-                for batch in c:
-                    frames += batch.numel()
-                    time.sleep(0.01)
+                for _, _ in zip(c, range(10_000)):  # bounded: until the logger failed three times
+                    after_failure += logger.calls > 0
+                    if logger.calls >= 3 and after_failure >= 10:
+                        break
     finally:
         logging.getLogger("torchrl").removeHandler(handler)
-    assert frames == 3000 and logger.calls >= 3
+    assert logger.calls >= 3 and after_failure >= 10  # batches kept coming after it raised
     assert len([m for m in warnings_seen if "unreachable" in m]) == 1
-
-
-def test_a_logger_without_log_metrics_is_refused_at_once():
-    start = time.monotonic()
-    with pytest.raises(ConfigurationError, match="logger must be a torchrl.record.loggers.Logger"):
-        DaskCollector(make_cartpole, frames_per_batch=100, logger=print)
-    assert time.monotonic() - start < 5
