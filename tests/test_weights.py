@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-import time
+import functools
+import itertools
+import os
 
 import dask
 import pytest
 import torch
 from distributed.protocol import deserialize, serialize
+from helpers import wait_until
 from tensordict import TensorDict
 
 from daskcollect import ConfigurationError, DaskCollector
@@ -182,7 +185,7 @@ def test_tree_copies_reach_every_worker_and_outlive_the_memory_manager(client):
         )
         assert left_out == [gone]
         assert client.amm.running()
-        time.sleep(2.5)  # longer than the memory manager's interval
+        client.amm.run_once()  # what it does every two seconds
 
         def version_held(dask_worker, key=future.key):
             payload = tree.held(dask_worker, key)
@@ -191,21 +194,24 @@ def test_tree_copies_reach_every_worker_and_outlive_the_memory_manager(client):
         assert client.run(version_held, workers=workers) == dict.fromkeys(workers, 7)
 
 
-def test_actor_fetches_weights_it_was_not_sent(client):
-    """The fallback path: weights held by another worker only (as after the AMM drops a replica)."""
-    from daskcollect.weights.scatter import ScatterTransport
+def bias_read(ref) -> list[float]:
+    """Reads weights as an actor does, in a task on a worker (``get_worker()`` is set there)."""
+    from distributed import get_worker
 
-    policy, collector = probe(client, num_collectors=1)
-    with collector:
-        it = iter(collector)
-        assert per_collector(next(it)) == [{0}]
-        other = next(a for a in client.scheduler_info(n_workers=-1)["workers"] if a != collector.workers[0])
-        set_constant_action(policy, 1)
-        sent = ScatterTransport(collector.client, 30).send(extract_weights(policy), 1, [other])
-        collector.engine.router.carry(0, sent)
-        start = time.monotonic()
-        assert per_collector(next(it)) == [{1}]
-        assert time.monotonic() - start < 10
+    return ref.read(get_worker(), 10.0)["module", "linear", "bias"].tolist()
+
+
+def test_weights_a_worker_was_not_sent_are_fetched_from_a_worker_that_has_them(client):
+    """The Dask route's fallback (a worker that joined later, or whose leader left): with no holder
+    left to ask, the version is fetched from a worker that the scheduler lists as holding it."""
+    from daskcollect.weights.scatter import ScatterRef
+
+    first, second = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    payload = WeightsPayload.pack(extract_weights(constant_action_policy(1)), 1)
+    future = client.scatter(payload, workers=[first], hash=False, direct=True)
+    ref = ScatterRef(1, future.key, holders=())
+    read = client.submit(bias_read, ref, workers=[second], allow_other_workers=False, pure=False)
+    assert read.result(timeout=30) == [0.0, 1.0]
 
 
 def test_weights_of_the_wrong_shape_are_refused_on_the_driver(client):
@@ -223,30 +229,47 @@ def test_weights_of_the_wrong_shape_are_refused_on_the_driver(client):
             collector.update_policy_weights_(bigger)
 
 
-def test_async_rollouts_starting_after_an_update_use_it(client):
-    """Calls queued before an update start on the new weights: only a rollout already running is stale.
+def make_gated_cartpole(gate: str, after: int):
+    """CartPole whose step ``after + 1`` (the first of its second rollout) waits, bounded, for the
+    file ``gate``; it marks that it waits with a file ``<gate>.waiting-<pid>``."""
+    env = make_cartpole()
+    original, steps = env._step, itertools.count(1)
 
-    Collector 1 steps four times slower than collector 0, so that when the first batch (collector 0's)
-    is yielded and the update sent, each collector has exactly one rollout running and one queued.
-    """
-    from daskcollect.testing import SleepEnvMaker
+    def _step(tensordict):
+        if next(steps) == after + 1:
+            open(f"{gate}.waiting-{os.getpid()}", "w").close()
+            wait_until(lambda: os.path.exists(gate), timeout=60, interval=0.01)
+        return original(tensordict)
 
+    env._step = _step
+    return env
+
+
+def test_async_calls_queued_before_an_update_start_on_it(client, tmp_path):
+    """Two calls in flight per collector (async-depth 2). When the update is sent, each collector's
+    rollout 1 runs (held at a gate), and the collector of the first batch has rollout 2 queued, sent
+    with no weights. Rollouts 0 and 1 are collected on version 0; every later one, the queued one
+    included, on version 1."""
+    gate = tmp_path / "gate"
     policy = constant_action_policy(0)
-    collector = DaskCollector([SleepEnvMaker(0.005), SleepEnvMaker(0.02)], policy, frames_per_batch=40,
-                              total_frames=-1, track_policy_version=True, client=client)  # fmt: skip
+    with dask.config.set({"daskcollect.async-depth": 2}):
+        collector = DaskCollector(functools.partial(make_gated_cartpole, str(gate), 40), policy,
+                                  frames_per_batch=40, total_frames=-1, num_collectors=2,
+                                  track_policy_version=True, client=client)  # fmt: skip
     with collector:
         it = iter(collector)
         first = next(it)
-        assert first["policy_version"].unique().tolist() == [0]
+        assert first["collector", "rollout_id"].unique().tolist() == [0]
+        assert wait_until(lambda: len(list(tmp_path.glob("gate.waiting-*"))) == 2, timeout=30)
         set_constant_action(policy, 1)
         collector.update_policy_weights_()
-        versions: dict[int, list[int]] = {}
-        for _ in range(8):
+        gate.touch()
+        versions: dict[tuple[int, int], int] = {}
+        for _ in range(12):
             batch = next(it)
-            cid = int(batch["collector", "collector_id"][0])
-            (version,) = batch["policy_version"].unique().tolist()
-            versions.setdefault(cid, []).append(version)
-            assert set(actions(batch).unique().tolist()) == {version}
-    for cid, seen in versions.items():
-        assert seen.count(0) <= 1 and seen == sorted(seen), (cid, seen)  # the running rollout only
-        assert seen[-1] == 1
+            cid, rid = (int(batch["collector", key][0]) for key in ("collector_id", "rollout_id"))
+            (versions[cid, rid],) = batch["policy_version"].unique().tolist()
+            assert set(actions(batch).unique().tolist()) == {versions[cid, rid]}
+    for (cid, rid), version in versions.items():
+        assert version == (0 if rid <= 1 else 1), (cid, rid, version)
+    assert {cid for cid, rid in versions if rid >= 2} == {0, 1}

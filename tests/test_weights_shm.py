@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import subprocess
 import sys
 
+import dask
+import pytest
 import torch
+from distributed import Client
 from tensordict import TensorDict
 from test_weights import per_collector, probe
 
 from daskcollect.testing import set_constant_action
 from daskcollect.weights.shm import SharedMemoryTransport, remove_stale
+
+SHARED_MEMORY = dask.config.get("daskcollect.weights.shared-memory-dir")
 
 
 def weights(scale: float = 1.0) -> TensorDict:
@@ -75,20 +81,49 @@ def test_folders_of_dead_drivers_are_removed(tmp_path):
     assert not stale.exists() and alive.exists() and other.exists()
 
 
-def test_mixed_routes_and_cleanup(client):
-    """Collectors on this host read shared memory; one marked as on another host gets Dask's copy."""
-    policy, collector = probe(client, track_policy_version=True)
+def shared_memory_of_its_own() -> str | None:
+    """Why a worker cannot get a /dev/shm of its own here, or ``None`` when it can (root, unshare)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return "needs root and util-linux's unshare for a worker with a /dev/shm of its own"
+    return None
+
+
+@pytest.fixture
+def mixed_hosts(make_cluster):
+    """A worker that shares this host's /dev/shm, and one with a /dev/shm of its own (in a mount
+    namespace of its own), which cannot read the driver's files, as a worker on another host."""
+    reason = shared_memory_of_its_own()
+    if reason:
+        pytest.skip(reason)
+    cluster = make_cluster(n_workers=1)
+    mount = 'mount -t tmpfs tmpfs /dev/shm && exec "$@"'
+    elsewhere = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, "sh", sys.executable, "-m",
+         "distributed.cli.dask_worker", cluster.scheduler_address, "--host", "127.0.0.1", "--nthreads", "1",
+         "--no-dashboard", "--no-nanny"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        with Client(cluster, set_as_default=False) as client:
+            client.wait_for_workers(2, timeout=60)
+            yield client
+    finally:
+        elsewhere.kill()
+        elsewhere.wait(timeout=30)
+
+
+def test_mixed_routes_and_cleanup(mixed_hosts):
+    """The collector that reads this host's shared memory gets it from there; the other gets Dask's copy."""
+    policy, collector = probe(mixed_hosts, track_policy_version=True)
     with collector:
         it = iter(collector)
         assert per_collector(next(it)) == [{0}, {0}]
-        engine = collector.engine
-        folder = os.path.dirname(engine.router.probe.path)
-        assert os.path.isdir(folder) and all(s.on_driver_host for s in engine.pool.slots)
-        engine.pool.slots[1].on_driver_host = False  # as if its worker were on another host
+        (folder,) = [f for f in os.listdir(SHARED_MEMORY) if f.startswith(f"daskcollect-{os.getpid()}-")]
         set_constant_action(policy, 1)
         collector.update_policy_weights_()
-        assert [engine.router.pending(i).route for i in (0, 1)] == ["shared-memory", "dask"]
         batch = next(it)
         assert per_collector(batch) == [{1}, {1}]
         assert batch["policy_version"].unique().tolist() == [1]
-    assert not os.path.exists(folder)  # shutdown removes the folder
+        routes = sorted(c["weights_route"] for c in collector.stats()["collectors"])
+        assert routes == ["dask", "shared-memory"]
+    assert not os.path.exists(os.path.join(SHARED_MEMORY, folder))  # shutdown removes the folder
