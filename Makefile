@@ -1,11 +1,12 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   installs, then collects from CartPole on an embedded LocalCluster
 #   make test   installs, then runs ruff, builds the docs (strict) and runs the test suite
+# For iterating, make test-fast leaves out the docs' scripts and the tests marked slow.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint docs bench bench-smoke clean
+.PHONY: install demo test test-fast lint docs bench bench-smoke clean
 
 $(STAMP): pyproject.toml requirements/dev.txt
 	python3 -m venv $(VENV)
@@ -27,6 +28,9 @@ docs: install
 
 test: lint docs
 	$(PY) -m pytest
+
+test-fast: lint
+	$(PY) -m pytest tests -m "not slow"
 
 # The benchmarks (docs/benchmarks.md): about 20 min on 2 cores (measured 2026-12-02), plus about 25 for P7 (2026-12-03)
 # and about 40 for the envelope, P8, P10 and the cross-host runs (2026-12-04); do not run anything else meanwhile.

@@ -45,6 +45,7 @@ def losses_and_returns(out: str) -> tuple[list[float], list[float]]:
     return losses, returns
 
 
+@pytest.mark.slow
 def test_ppo_example_learns():
     """10 PPO iterations (20k frames): CartPole's random policy averages about 22 (std 12 an episode)."""
     out = run_example("ppo_cartpole.py", "--frames", "20480", "--target", "1e9", "--seed", "0")
@@ -53,6 +54,7 @@ def test_ppo_example_learns():
     assert returns[-1] >= 100, out  # mean of 20 episodes: ~30 standard errors above a random policy
 
 
+@pytest.mark.slow
 def test_dqn_example_learns():
     """20k DQN frames, async, 5 greedy evaluations: the best beats a random policy (about 22) by far.
 
