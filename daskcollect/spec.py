@@ -252,14 +252,7 @@ class CollectionSpec:
         Raises:
             ConfigurationError: Naming the keyword and the fix.
         """
-        inputs = self.inputs
-        for name, value in [
-            ("create_env_fn", inputs.create_env_fn),
-            ("policy_factory", inputs.policy_factory),
-            ("collector_kwargs", inputs.collector_kwargs),
-            *inputs.devices.items(),
-        ]:
-            per_collector(value, name, n)
+        self._per_collector_inputs(n)
         out = self.output
         if out.memmap and self.batch.sync and out.max_unreleased < n:
             raise ConfigurationError(
@@ -311,13 +304,24 @@ class CollectionSpec:
 
         return SharedMemWeightSyncScheme()
 
+    def _per_collector_inputs(self, n: int) -> tuple[list, list, list, dict[str, list]]:
+        """The env constructors, policy factories, collector keywords and devices of ``n`` collectors.
+
+        Raises:
+            ConfigurationError: If a list's length is not ``n``.
+        """
+        inputs = self.inputs
+        return (
+            per_collector(inputs.create_env_fn, "create_env_fn", n),
+            per_collector(inputs.policy_factory, "policy_factory", n),
+            per_collector(inputs.collector_kwargs or {}, "collector_kwargs", n),
+            {k: per_collector(v, k, n) for k, v in inputs.devices.items()},
+        )
+
     def recipes(self, n: int) -> list[bytes]:
         """One cloudpickled recipe per collector; identical recipes are pickled once and shared."""
         inputs = self.inputs
-        envs = per_collector(inputs.create_env_fn, "create_env_fn", n)
-        factories = per_collector(inputs.policy_factory, "policy_factory", n)
-        user_kwargs = per_collector(inputs.collector_kwargs or {}, "collector_kwargs", n)
-        devices = {k: per_collector(v, k, n) for k, v in inputs.devices.items()}
+        envs, factories, user_kwargs, devices = self._per_collector_inputs(n)
         scheme = self._inner_scheme()
         blobs: list[tuple[CollectorRecipe, bytes]] = []
         out = []
