@@ -9,9 +9,14 @@ import subprocess
 import sys
 import time
 
+import dask
 import psutil
 from distributed import Client
 
+import daskcollect  # noqa: F401  (registers the daskcollect config defaults read below)
+
+#: The folder of the driver's shared-memory weights (daskcollect's setting, /dev/shm by default).
+SHARED_MEMORY = dask.config.get("daskcollect.weights.shared-memory-dir")
 #: An address where no scheduler listens: a check made before connecting fails first, and one made
 #: after fails with ClusterConnectionError instead (validation tests need no cluster).
 NO_SCHEDULER = "tcp://127.0.0.1:1"
@@ -44,6 +49,12 @@ def environment(**variables: str):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def collectors_idle(collector) -> bool:
+    """No rollout runs on any of the collection's collectors (``stats()``'s states)."""
+    states = [c["state"] for c in collector.stats()["collectors"]]
+    return states == ["idle"] * len(states)
 
 
 def wait_until(predicate, timeout: float = 20.0, interval: float = 0.1) -> bool:

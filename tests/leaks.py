@@ -19,13 +19,12 @@ from collections.abc import Callable
 
 import psutil
 from distributed import Client, SpecCluster
-from helpers import wait_until
+from helpers import SHARED_MEMORY, wait_until
 
 from daskcollect.membership import MEMBERSHIP_PLUGIN
 from daskcollect.monitoring.dashboard import MONITOR_PLUGIN
 from daskcollect.retirement import RETIREMENT_PLUGIN
 
-SHARED_MEMORY = "/dev/shm"
 PREFIX = "daskcollect"
 
 #: Scheduler plugins that daskcollect installs once per scheduler and leaves there (one each,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from helpers import wait_until
+from helpers import collectors_idle, wait_until
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from daskcollect import ConfigurationError, DaskCollector, RolloutError
@@ -14,8 +14,7 @@ from daskcollect.testing import make_cartpole, make_env_failing_after
 
 def idle(collector: DaskCollector) -> bool:
     """No background collection, and no rollout running on any collector."""
-    states = [c["state"] for c in collector.stats()["collectors"]]
-    return not collector.collecting_in_background and states == ["idle"] * len(states)
+    return not collector.collecting_in_background and collectors_idle(collector)
 
 
 def test_start_collects_in_the_background_until_total_frames(client):

@@ -12,7 +12,7 @@ import psutil
 import pytest
 import torch
 from distributed import Client
-from helpers import NO_SCHEDULER, wait_until
+from helpers import NO_SCHEDULER, collectors_idle, wait_until
 from tensordict import MemoryMappedTensor, TensorDict
 from torchrl.collectors import Collector
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ListStorage, ReplayBuffer
@@ -40,11 +40,6 @@ def collection_folder(memmap_dir) -> str:
     """The one folder a collection writes its rollouts in, under ``memmap_dir``."""
     (name,) = folders(memmap_dir)
     return os.path.join(memmap_dir, name)
-
-
-def idle(collector) -> bool:
-    states = [c["state"] for c in collector.stats()["collectors"]]
-    return states == ["idle"] * len(states)
 
 
 def seeded(client, **kwargs):
@@ -124,12 +119,12 @@ def test_back_pressure_holds_the_bound(client, tmp_path):
         watcher.start()
         it = iter(collector)
         held = [next(it) for _ in range(3)]
-        assert wait_until(lambda: idle(collector), timeout=30)  # 3 rollouts are held: nothing runs
+        assert wait_until(lambda: collectors_idle(collector), timeout=30)  # 3 rollouts are held: nothing runs
         assert len([f for f in folders(root) if not f.startswith(TMP_PREFIX)]) == 3
         taken = []
         taker = threading.Thread(target=lambda: taken.append(next(it)))  # waits for room
         taker.start()
-        assert idle(collector) and not taken
+        assert collectors_idle(collector) and not taken
         held[0].release()
         taker.join(timeout=30)
         (fourth,) = taken

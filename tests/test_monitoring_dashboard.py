@@ -103,13 +103,12 @@ def newest(cluster) -> dict:
 
 def wait_for_report(cluster, frames: int, points: int = 1, timeout: float = 60) -> None:
     """Until the page shows the running collection with ``frames`` frames and ``points`` points of history."""
-    reached = wait_until(
-        lambda: (
-            collecting(cluster).get("frames", 0) >= frames and len(collecting(cluster)["history"]) >= points
-        ),
-        timeout=timeout,
-        interval=0.2,
-    )
+
+    def shown() -> bool:
+        page = collecting(cluster)
+        return page.get("frames", 0) >= frames and len(page["history"]) >= points
+
+    reached = wait_until(shown, timeout=timeout, interval=0.2)
     assert reached, (
         f"the page never showed {frames} frames and {points} points of history: {collecting(cluster)}"
     )

@@ -14,13 +14,11 @@ import urllib.request
 import dask
 import psutil
 import pytest
-from helpers import wait_until
+from helpers import SHARED_MEMORY, wait_until
 
 from daskcollect import ClusterConnectionError, DaskCollector
 from daskcollect.testing import make_cartpole
 from daskcollect.weights.shm import remove_stale
-
-SHARED_MEMORY = dask.config.get("daskcollect.weights.shared-memory-dir")
 
 # Defined outside any importable module, so that it travels by value: the scheduler
 # must not import this test module (and torch with it) to run it.

@@ -8,17 +8,15 @@ import shutil
 import subprocess
 import sys
 
-import dask
 import pytest
 import torch
 from distributed import Client
+from helpers import SHARED_MEMORY
 from tensordict import TensorDict
 from test_weights import per_collector, probe
 
 from daskcollect.testing import set_constant_action
 from daskcollect.weights.shm import SharedMemoryTransport, remove_stale
-
-SHARED_MEMORY = dask.config.get("daskcollect.weights.shared-memory-dir")
 
 
 def weights(scale: float = 1.0) -> TensorDict:
