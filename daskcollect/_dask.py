@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 import distributed
-from distributed.protocol import to_serialize
 from packaging.version import Version
 
 from daskcollect.errors import DaskVersionError
@@ -94,31 +93,6 @@ def actor_keys(scheduler: Any, address: str) -> list[str]:
 
 
 # --- client side ------------------------------------------------------------
-async def actor_execute(actor: Any, method: str, *args: Any) -> Any:
-    """Runs ``actor.method(*args)`` on its worker, awaited on the client's event loop.
-
-    The same RPC (the worker's ``actor_execute`` handler) that ``Actor.__getattr__``
-    sends, without what it wraps around each call: a worker and client lookup
-    that raises and catches on the driver, an ``ActorFuture`` with its event and
-    two coroutines, and, for ``result()``, a cross-thread round trip. One rollout
-    call per batch makes that the driver's per-batch cost.
-
-    Raises:
-        OSError: If the actor's worker cannot be reached.
-        Exception: Whatever the method raised on the worker.
-    """
-    try:
-        rpc, key = actor._worker_rpc, actor.key
-    except AttributeError as exc:
-        raise _missing("Actor._worker_rpc", exc) from None
-    result = await rpc.actor_execute(
-        function=method, actor=key, args=[to_serialize(a) for a in args], kwargs={}
-    )
-    if result["status"] == "OK":
-        return result["result"]
-    raise result["exception"]
-
-
 async def cancel(client: Any, futures: list, reason: str) -> None:
     """Cancels ``futures`` from the client's event loop (``Client.cancel`` would block it)."""
     try:
@@ -180,6 +154,23 @@ class QuietHeartbeatAtClose(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (self.closing() and record.getMessage().startswith(HEARTBEAT_FAILURE))
+
+
+async def run_actor_method(worker: Any, key: str, method: str, *args: Any) -> dict[str, Any]:
+    """Runs ``method`` of the actor ``key`` held by ``worker``, as Dask's ``actor_execute`` request does.
+
+    A sync method runs in the worker's actor thread, with the worker context
+    that ``distributed.get_worker()`` reads; the answer is Dask's:
+    ``{"status": "OK", "result": ...}`` or ``{"status": "error", "exception": ...}``.
+
+    Raises:
+        KeyError: If the worker no longer holds the actor.
+    """
+    try:
+        execute = worker.actor_execute
+    except AttributeError as exc:
+        raise _missing("Worker.actor_execute", exc) from None
+    return await execute(actor=key, function=method, args=args)
 
 
 def add_handlers(worker: Any, handlers: dict[str, Callable]) -> None:

@@ -99,7 +99,6 @@ class Engine:
         self.ledger = (
             MemmapLedger(out.memmap_dir, out.memmap_retention, out.max_unreleased) if out.memmap else None
         )
-        shm = None
         if router is None:
             shm = SharedMemoryTransport.create(settings.shared_memory_dir)
             reference = extract_weights(weights_source) if weights_source is not None else None
@@ -116,12 +115,7 @@ class Engine:
             gc_freeze=settings.worker.gc_freeze,
             replay_buffer=getattr(spec.output.replay_buffer, "actor", None),
         )
-        # The local lane needs the shared-memory folder (the workers that see it share our host),
-        # and leaves out collectors that extend a replay buffer (they call its actor from the rollout).
-        lane = (
-            shm.path if shm is not None and settings.local_lane and template.replay_buffer is None else None
-        )
-        self.pool = pool or ActorPool(client, settings, template, spec.cluster.worker_resources, lane)
+        self.pool = pool or ActorPool(client, settings, template, spec.cluster.worker_resources)
         self.watcher = watcher or RetirementWatcher(client, self.pool, settings.timeouts.call)
 
     # --- collectors wanted against collectors live -----------------------------
@@ -390,6 +384,6 @@ class Engine:
         if self._joins is not None:
             self._joins.close()
         self.pool.close(timeout)
-        self.router.close()
+        self.router.close(timeout / 4)
         if self.ledger is not None:
             self.ledger.close()

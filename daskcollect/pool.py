@@ -15,7 +15,6 @@ flight happens under one lock.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import logging
@@ -33,14 +32,13 @@ from distributed import Client, Future, wait
 from distributed.actor import Actor
 from distributed.client import FuturesCancelledError
 
-from daskcollect import _dask
 from daskcollect.cluster import eligible_workers, live_workers
 from daskcollect.errors import CollectorBuildError, CollectorTimeoutError, DaskCollectError, RolloutError
-from daskcollect.lane import LaneServer
 from daskcollect.py_modules import missing_module_hint
 from daskcollect.retirement import ACTOR_KEY_PREFIX
 from daskcollect.settings import Settings
-from daskcollect.weights.payload import Sent, WeightsRef
+from daskcollect.stream import CompletionStreams
+from daskcollect.weights.payload import Sent
 from daskcollect.worker.launch import start_collector
 from daskcollect.worker.rollout import ActorSpec, Rollout
 
@@ -60,8 +58,6 @@ class Slot:
         recipe: The cloudpickled recipe, kept to start a replacement.
         on_driver_host: Its worker reads the driver's shared memory, so it gets
             weights through the shared-memory transport.
-        lane: Its connection on the driver's local lane, which then carries
-            its rollout calls (:mod:`daskcollect.lane`); ``None``: Dask RPCs.
         rollouts: Rollouts it delivered; ``frames`` their frames, ``seconds``
             their wall time on the worker.
         policy_version: The weights version of its last rollout.
@@ -76,7 +72,6 @@ class Slot:
     actor: Actor
     recipe: bytes
     on_driver_host: bool = False
-    lane: Any = None
     rollouts: int = 0
     frames: int = 0
     seconds: float = 0.0
@@ -136,8 +131,6 @@ class ActorPool:
         template: Every actor's :class:`~daskcollect.worker.rollout.ActorSpec`
             (``index``, ``uid`` and ``seed`` are filled in per actor).
         resources: Resources a worker must declare to host a collector.
-        lane_dir: A folder on the driver's host for the local lane's socket;
-            ``None`` sends every rollout call as a Dask RPC.
     """
 
     def __init__(
@@ -146,16 +139,13 @@ class ActorPool:
         settings: Settings,
         template: ActorSpec | None = None,
         resources: Mapping | None = None,
-        lane_dir: str | None = None,
     ):
         self.client = client
         self.settings = settings
         self.template = template or ActorSpec(0, 0)
         self.resources = resources
-        self._lane = LaneServer(lane_dir, self._lane_answer) if lane_dir else None
-        if self._lane is not None:
-            self.template = replace(self.template, lane=self._lane.address)
-        self._lane_calls: dict[int, deque[InFlight]] = {}  # per actor uid, in the order sent
+        self._streams = CompletionStreams(client, self._answer, settings.timeouts.connect)
+        self._calls: dict[int, deque[InFlight]] = {}  # per actor uid, in the order sent
         self._slots: list[Slot] = []
         self._uids = itertools.count()
         self._token = uuid.uuid4().hex[:8]
@@ -198,9 +188,8 @@ class ActorPool:
             self._inflight.difference_update(dropped)  # if one completes, next_completion ignores it
             slot.inflight = 0
             self._slots = [s for s in self._slots if s is not slot]
-            self._lane_calls.pop(slot.uid, None)
-        if slot.lane is not None:
-            self._lane.drop(slot.uid)
+            self._calls.pop(slot.uid, None)
+        self._streams.drop(slot.uid)
         with contextlib.suppress(Exception):
             self.client.cancel([slot.future])
         return len(dropped)
@@ -210,9 +199,10 @@ class ActorPool:
         with self.lock:
             gone = [s for s in self._slots if s.retired]
             self._slots = [s for s in self._slots if not s.retired]
+            for slot in gone:
+                self._calls.pop(slot.uid, None)
         for slot in gone:
-            if slot.lane is not None:
-                self._lane.drop(slot.uid)
+            self._streams.drop(slot.uid)
         return gone
 
     def free_workers(self) -> list[str]:
@@ -274,6 +264,7 @@ class ActorPool:
         except BaseException:
             self.client.cancel(futures)
             raise
+        self._streams.open([(s.uid, s.address, s.future.key) for s in slots])
         self._find_driver_host(slots)
         return slots, lost + left
 
@@ -348,13 +339,10 @@ class ActorPool:
                 slot.on_driver_host = bool(call.result(timeout=self.settings.timeouts.call))
             except Exception as exc:  # its worker is leaving: the rollout path will tell
                 logger.debug("collector %d: no answer on shared memory (%s)", slot.index, exc)
-            if slot.on_driver_host and self._lane is not None:
-                # It connected while it was built: the lane carries its rollout calls.
-                slot.lane = self._lane.connection(slot.uid, self.settings.timeouts.call)
 
     # --- rollouts ----------------------------------------------------------
     def submit(self, slot: Slot, weights: Sent | None) -> bool:
-        """Starts a rollout on ``slot``, carrying ``weights`` when given.
+        """Queues a rollout on ``slot``'s stream, carrying ``weights`` when given.
 
         Returns:
             ``False`` (nothing sent) if the slot's worker is retiring.
@@ -365,55 +353,25 @@ class ActorPool:
             flight = InFlight(slot, weights)
             self._inflight.add(flight)
             slot.inflight += 1
-            if slot.lane is not None:
-                self._lane_calls.setdefault(slot.uid, deque()).append(flight)
-        ref = weights.ref if weights is not None else None
-        if slot.lane is None:
-            self.client.loop.add_callback(self._run, flight, ref)
-            return True
-        try:
-            slot.lane.send(ref)
-        except (OSError, ValueError) as exc:  # closed: its worker is gone
-            self._lane_answer(slot.uid, None, cause=f"its lane closed ({exc})")
+            self._calls.setdefault(slot.uid, deque()).append(flight)
+        self._streams.request(slot.uid, weights.ref if weights is not None else None)
         return True
 
-    def _lane_answer(self, uid: int, answer: tuple[bool, Any] | None, cause: str = "") -> None:
-        """Finishes the oldest lane call of actor ``uid`` with ``answer``; all of them when the lane
-        closed (``None``). Runs on the lane's reader thread."""
+    def _answer(self, uid: int, answer: tuple[bool, Any] | None, cause: str) -> None:
+        """Finishes the oldest call of actor ``uid`` with ``answer``; all of them when its stream
+        closed (``None``). Runs on the client's event loop."""
         with self.lock:
-            calls = self._lane_calls.get(uid)
+            calls = self._calls.get(uid)
             if not calls:
                 return  # a removed collector's
             done = [calls.popleft()] if answer is not None else [calls.popleft() for _ in range(len(calls))]
-        lost = (False, OSError(f"Unable to contact Actor's worker: {cause or 'its lane closed'}"))
+        lost = (False, OSError(f"Unable to contact Actor's worker: {cause}"))
         for flight in done:
-            self._finish(flight, answer if answer is not None else lost)
-
-    def _finish(self, flight: InFlight, outcome: tuple[bool, Any]) -> None:
-        flight.outcome = outcome
-        self._completed.put(flight)
-        slot = flight.slot
-        if slot.retiring and self.on_retiring_call_done is not None:
-            self.client.loop.add_callback(self.on_retiring_call_done, slot)
-
-    async def _run(self, flight: InFlight, ref: WeightsRef | None) -> None:
-        """Runs on the client's event loop: the rollout call, then queues its outcome."""
-        slot = flight.slot
-        try:
-            if slot.future.status not in ("finished", "pending"):
-                raise RuntimeError(f"Worker holding Actor was lost. Status: {slot.future.status}")
-            flight.outcome = (True, await _dask.actor_execute(slot.actor, "rollout", ref))
-        except OSError as exc:
-            flight.outcome = (False, OSError(f"Unable to contact Actor's worker ({exc})"))
-        except asyncio.CancelledError:  # the client is closing
-            flight.outcome = (False, OSError("the call was cancelled: the client is closing"))
-            raise
-        except Exception as exc:  # the engine decides: RolloutError raises, anything else is a loss
-            flight.outcome = (False, exc)
-        finally:
+            flight.outcome = answer if answer is not None else lost
             self._completed.put(flight)
-        if slot.retiring and self.on_retiring_call_done is not None:
-            await self.on_retiring_call_done(slot)
+            slot = flight.slot
+            if slot.retiring and self.on_retiring_call_done is not None:
+                self.client.loop.add_callback(self.on_retiring_call_done, slot)
 
     @property
     def num_inflight(self) -> int:
@@ -547,6 +505,5 @@ class ActorPool:
                 slot.inflight = 0
             self._slots = []
             self._inflight.clear()
-            self._lane_calls.clear()
-        if self._lane is not None:
-            self._lane.close()
+            self._calls.clear()
+        self._streams.close(timeout / 2)

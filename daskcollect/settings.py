@@ -121,7 +121,6 @@ class Settings:
     async_depth: int
     driver_torch_threads: int | str | None
     shared_memory_dir: str | None
-    local_lane: bool
     max_unreleased: int
     local_host: str
     local_dashboard_address: str | None
@@ -156,7 +155,6 @@ class Settings:
             async_depth=section["async-depth"],
             driver_torch_threads=section["driver"]["torch-threads"],
             shared_memory_dir=weights["shared-memory-dir"] if weights["shared-memory"] else None,
-            local_lane=section["local-lane"],
             max_unreleased=section["memmap"]["max-unreleased"],
             local_host=local["host"],
             local_dashboard_address=local["dashboard-address"],

@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 
 import torch
+from distributed import get_worker
 from tensordict import TensorDict
-from tensordict.nn import TensorDictModule, TensorDictModuleBase
+from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
 from torch import nn
 from torchrl.collectors import Collector
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
@@ -86,6 +87,47 @@ def set_constant_action(policy: TensorDictModule, action: int) -> None:
     """Changes a :func:`constant_action_policy` in place."""
     with torch.no_grad():
         policy.module.linear.bias.copy_(torch.tensor([1.0, 0.0] if action == 0 else [0.0, 1.0]))
+
+
+def worker_port() -> int:
+    """The port of the Dask worker whose context this code runs in.
+
+    Raises:
+        ValueError: Outside a worker's context (``distributed.get_worker()``'s "No worker found").
+    """
+    return int(get_worker().address.rsplit(":", 1)[1])
+
+
+class WorkerPort(nn.Module):
+    """Outputs, per frame, :func:`worker_port` as seen from inside the policy's forward."""
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return torch.full(observation.shape[:-1], worker_port(), dtype=torch.int64)
+
+
+def worker_context_policy(action: int = 0) -> TensorDictSequential:
+    """:func:`constant_action_policy` (its first module) followed by :class:`WorkerPort`, which
+    writes ``"worker_port"``: user policy code that needs ``distributed.get_worker()``."""
+    return TensorDictSequential(
+        constant_action_policy(action),
+        TensorDictModule(WorkerPort(), in_keys=["observation"], out_keys=["worker_port"]),
+    )
+
+
+def make_cartpole_in_worker_context():
+    """CartPole whose constructor and every step call ``distributed.get_worker()``: they raise
+    outside a worker's context, or on another worker than the one that built the env."""
+    port = worker_port()
+    env = make_cartpole()
+    original = env._step
+
+    def _step(tensordict):
+        if worker_port() != port:
+            raise RuntimeError(f"the env built on worker port {port} steps on {worker_port()}")
+        return original(tensordict)
+
+    env._step = _step
+    return env
 
 
 def make_env_failing_after(steps: int = 50):

@@ -51,6 +51,13 @@ def environment(**variables: str):
                 os.environ[key] = value
 
 
+def streams_served(dask_worker) -> dict[str, str]:
+    """The completion streams a worker serves, actor key -> comm address (``client.run(streams_served)``)."""
+    from daskcollect.worker import stream
+
+    return dict(stream.serving)
+
+
 def collectors_idle(collector) -> bool:
     """No rollout runs on any of the collection's collectors (``stats()``'s states)."""
     states = [c["state"] for c in collector.stats()["collectors"]]

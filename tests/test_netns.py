@@ -18,7 +18,12 @@ import torch
 
 from daskcollect import DaskCollector
 from daskcollect.netns import FAST_FAILURE_ENV, SimulatedHosts, unavailable
-from daskcollect.testing import constant_action_policy, make_cartpole, set_constant_action
+from daskcollect.testing import (
+    make_cartpole,
+    make_cartpole_in_worker_context,
+    set_constant_action,
+    worker_context_policy,
+)
 
 SUBNET = "10.213.0"
 HOSTS = ["sched", "w1", "w2", "w3"]
@@ -53,7 +58,7 @@ def test_cut_link_mid_run(hosts):
         c.wait_for_workers(3, timeout=60)
     timeouts = {
         # The hosts share this machine's /dev/shm: with it off, nothing goes around the cut link
-        # (neither the weights nor the rollout calls, which take the local lane on a shared host).
+        # (the weights would take it on a shared host).
         "daskcollect.weights.shared-memory": False,
         "daskcollect.timeouts.rollout": "8s",
         "daskcollect.timeouts.shutdown": "10s",
@@ -86,19 +91,21 @@ def test_cut_link_mid_run(hosts):
 
 
 def test_weights_reach_every_worker_of_every_host(hosts_of_two):
+    """Also: on the other hosts, the env's constructor and steps and the policy's forward run in their
+    worker's context (``get_worker()``), as on the driver's host (``test_stream.py``)."""
     sched, rig = hosts_of_two
-    policy = constant_action_policy(0)
+    policy = worker_context_policy(0)
     # The hosts share this machine's /dev/shm; with it off the weights take the route to other hosts.
     with dask.config.set({"daskcollect.weights.shared-memory": False, "daskcollect.timeouts.workers": "60s"}):
         with DaskCollector(
-            make_cartpole, policy, frames_per_batch=6 * 10, total_frames=-1, num_collectors=6, sync=True,
-            client=sched, track_policy_version=True,
+            make_cartpole_in_worker_context, policy, frames_per_batch=6 * 10, total_frames=-1, num_collectors=6,
+            sync=True, client=sched, track_policy_version=True,
         ) as collector:  # fmt: skip
             assert len({rig_host(rig, w) for w in collector.workers}) == 3
             it = iter(collector)
             assert next(it)["action"].argmax(-1).unique().tolist() == [0]
             for version, action in ((1, 1), (2, 0), (3, 1)):
-                set_constant_action(policy, action)
+                set_constant_action(policy.module[0], action)
                 start = time.monotonic()
                 collector.update_policy_weights_()
                 batch = next(it)
@@ -106,7 +113,10 @@ def test_weights_reach_every_worker_of_every_host(hosts_of_two):
                 for i in range(6):  # every collector, leader of its host or not
                     assert batch[i]["action"].argmax(-1).unique().tolist() == [action]
                     assert batch[i]["policy_version"].unique().tolist() == [version]
-            assert {c["weights_route"] for c in collector.stats()["collectors"]} == {"dask"}
+            collectors = collector.stats()["collectors"]
+            assert {c["weights_route"] for c in collectors} == {"dask"}
+    for i, c in enumerate(collectors):
+        assert batch[i]["worker_port"].unique().tolist() == [int(c["worker"].rsplit(":", 1)[1])]
 
 
 def rig_host(rig, address: str) -> str:

@@ -1,4 +1,4 @@
-"""TLS clusters: collection over tls://, our collector passes the Security object through, no cert no entry."""
+"""TLS clusters: collection (the completion streams included) over tls://, our collector passes the Security object through, no cert no entry."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import pytest
 from distributed import Client
 from distributed.security import Security
+from helpers import streams_served
 
 from daskcollect import ClusterConnectionError, DaskCollector
 from daskcollect.testing import make_cartpole
@@ -24,6 +25,9 @@ def test_collects_over_tls_with_a_users_client(tls_cluster):
             ours = c.client
             assert ours is not client and ours.security is client.security  # passed through
             assert all(w.startswith("tls://") for w in c.workers)
+            # The rollouts came back over TLS too: each collector's completion stream.
+            streams = [a for s in client.run(streams_served).values() for a in s.values()]
+            assert len(streams) == 2 and all(a.startswith("tls://") for a in streams)
     assert frames == 400
 
 

@@ -23,10 +23,10 @@ from distributed.utils import sync
 from tensordict import TensorDictBase
 
 from daskcollect.errors import RolloutError, SharedFilesystemError
-from daskcollect.lane import LaneClient
 from daskcollect.memmap import check_writable, write_batch
 from daskcollect.weights import tree
 from daskcollect.weights.payload import WeightsRef
+from daskcollect.worker import stream
 from daskcollect.worker.probes import EpisodeTracker, TimeSplit
 from daskcollect.worker.rollout import TRAJ_ID_BITS, ActorSpec, Rollout
 
@@ -43,6 +43,7 @@ class CollectorActor:
     def __init__(self, spec: ActorSpec, recipe: bytes):
         self._worker = get_worker()
         tree.install(self._worker)  # this worker may pass weights on to other hosts' workers
+        stream.install(self._worker)  # the driver takes this collector's rollouts over a stream
         self.spec = spec
         self.where = f"collector {spec.index} on worker {self._worker.address}"
         if spec.memmap_root is not None:
@@ -63,12 +64,9 @@ class CollectorActor:
             # Move the long-lived heap (Dask, torch, the envs) out of the
             # collector's way: full collections then scan only rollout garbage.
             gc.freeze()
-        # Rollouts come from the lane's thread or from Dask's actor thread, the
-        # other calls from Dask's: one at a time on the collector.
+        # Rollouts come from the completion stream, the other calls as Dask RPCs; sync ones share
+        # Dask's actor thread, and the lock also keeps close() from another thread out.
         self._busy = threading.Lock()
-        self._lane = None
-        if spec.lane is not None and self._shared:
-            self._lane = LaneClient(spec.lane, spec.uid, self._serve_lane)
 
     # --- weights -----------------------------------------------------------
     def shares_driver_memory(self) -> bool:
@@ -117,13 +115,6 @@ class CollectorActor:
         return error
 
     # --- rollouts ----------------------------------------------------------
-    def _serve_lane(self, weights: WeightsRef | None) -> tuple[bool, Any]:
-        """One rollout request from the lane: ``(True, rollout)`` or ``(False, the exception)``."""
-        try:
-            return True, self.rollout(weights)
-        except Exception as exc:
-            return False, exc
-
     def rollout(self, weights: WeightsRef | None = None) -> Rollout:
         """Collects one batch, after loading the newest weights: ``weights``, or newer ones announced.
 
@@ -249,9 +240,7 @@ class CollectorActor:
             self._collector.load_state_dict(state_dict)
 
     def close(self) -> None:
-        """Closes the lane and shuts the TorchRL collector down (envs and any sub-processes)."""
-        if getattr(self, "_lane", None) is not None:
-            self._lane.close()
+        """Shuts the TorchRL collector down (envs and any sub-processes)."""
         with self._busy:
             collector, self._collector = getattr(self, "_collector", None), None
         if collector is not None:

@@ -34,8 +34,6 @@ class ActorSpec:
         gc_freeze: ``gc.freeze()`` once the collector is built.
         replay_buffer: The actor of a :class:`~daskcollect.DaskReplayBuffer`:
             each rollout extends it from here, and only its record goes back.
-        lane: The driver's local lane (:mod:`daskcollect.lane`): an actor on
-            the driver's host takes its rollout calls there.
     """
 
     index: int
@@ -48,7 +46,6 @@ class ActorSpec:
     weights_timeout: float = 60.0
     gc_freeze: bool = True
     replay_buffer: Any = None
-    lane: Any = None
 
 
 @dataclass(frozen=True)
