@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import time
+import types
 
 import dask
 import pytest
@@ -180,8 +182,9 @@ def test_tree_copies_reach_every_worker_and_outlive_the_memory_manager(client):
         payload = WeightsPayload.pack(extract_weights(policy), 7)
         future = ours.scatter(payload, workers=workers[:1], hash=False, direct=True)
         gone = "tcp://127.0.0.1:9"  # nothing listens there
+        deadline = time.monotonic() + 3
         left_out = sync(
-            ours.loop, tree.copy_along_tree, ours, future.key, [*workers, gone], 3, callback_timeout=30
+            ours.loop, tree.copy_along_tree, ours, future.key, [*workers, gone], deadline, callback_timeout=30
         )
         assert left_out == [gone]
         assert client.amm.running()
@@ -192,6 +195,53 @@ def test_tree_copies_reach_every_worker_and_outlive_the_memory_manager(client):
             return None if payload is None else payload.version
 
         assert client.run(version_held, workers=workers) == dict.fromkeys(workers, 7)
+
+
+def test_one_deadline_bounds_the_fan_out_and_the_version_moves_only_after_it(client):
+    """A fan-out that cannot finish raises within its one timeout, and the version stays; a deadline
+    already past leaves every copy out at once instead of granting each round a timeout."""
+    from distributed.utils import sync
+
+    from daskcollect.weights import WeightRouter, tree
+    from daskcollect.weights.scatter import ScatterTransport
+
+    weights = extract_weights(constant_action_policy(0))
+    router = WeightRouter(ScatterTransport(client, timeout=1.0), None, weights)
+    gone = types.SimpleNamespace(index=0, address="tcp://127.0.0.1:9", on_driver_host=False)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        router.publish(weights, [gone])
+    assert time.monotonic() - start < 5
+    assert router.version == 0 and router.pending(0) is None
+    router.close(timeout=1.0)
+
+    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    start = time.monotonic()
+    left_out = sync(client.loop, tree.copy_along_tree, client, "no-such-key", [*workers, "tcp://127.0.0.1:9"],
+                    start - 1, callback_timeout=10)  # fmt: skip
+    assert left_out == [*workers[1:], "tcp://127.0.0.1:9"] and time.monotonic() - start < 1
+
+
+def held_versions(dask_worker) -> list[str]:
+    from daskcollect.weights import tree
+
+    return tree.held_keys()
+
+
+def test_workers_forget_the_copies_when_the_collection_closes(client):
+    """The Dask route's copies are kept for the last versions while collecting, and gone after."""
+    with dask.config.set({"daskcollect.weights.shared-memory": False}):
+        policy, collector = probe(client, num_collectors=2)
+    with collector:
+        it = iter(collector)
+        for action in (1, 0, 1, 0, 1):
+            set_constant_action(policy, action)
+            collector.update_policy_weights_()
+            assert per_collector(next(it)) == [{action}, {action}]
+        # The leader holds each version in Dask's data; the others fetch it and keep the last ones.
+        held = [len(keys) for keys in client.run(held_versions).values()]
+        assert sum(held) >= 1 and max(held) <= 3
+    assert wait_until(lambda: not any(client.run(held_versions).values()), timeout=10)
 
 
 def bias_read(ref) -> list[float]:

@@ -80,9 +80,10 @@ class WeightRouter:
                 dtypes differ from the policy's, naming the first that differ.
         """
         self._check(weights)
-        self.version += 1
-        self._send(weights, self.version, targets)
-        return self.version
+        version = self.version + 1
+        self._send(weights, version, targets)  # raises before the version moves
+        self.version = version
+        return version
 
     def adopt(self, target: Target) -> None:
         """Gives a new collector the latest weights sent to its index, or to anyone."""
@@ -163,12 +164,13 @@ class WeightRouter:
         sent = self._latest.get(index)
         return sent.route if sent is not None else None
 
-    def close(self) -> None:
-        """Drops every reference (their files and futures go) and the shared-memory folder."""
+    def close(self, timeout: float = 5.0) -> None:
+        """Drops every reference (their files and futures go), the workers' copies (bounded by
+        ``timeout``) and the shared-memory folder."""
         self._pending.clear()
         self._latest.clear()
         self._newest = None
         self._recent.clear()
-        self._scatter.close()
+        self._scatter.close(timeout)
         if self._shm is not None:
             self._shm.close()

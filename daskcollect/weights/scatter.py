@@ -15,7 +15,9 @@ holder, then from any worker the scheduler lists.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +64,8 @@ class ScatterTransport:
 
     Args:
         client: Our ``Client``.
-        timeout: The bound on one scatter, in seconds.
+        timeout: The bound on one version's whole fan-out (the scatter and every round of
+            copies), in seconds.
     """
 
     route = ROUTE
@@ -70,22 +73,41 @@ class ScatterTransport:
     def __init__(self, client: Client, timeout: float):
         self.client = client
         self.timeout = timeout
+        self._keys: list[str] = []  # every version sent: the workers' copies of them go at close
+        self._workers: set[str] = set()  # every worker sent to (holders, and those that fetch)
 
     def send(self, weights: TensorDictBase, version: int, addresses: list[str]) -> Sent:
+        """Scatters ``weights`` to one host leader, then copies it to the others, within one
+        deadline.
+
+        Raises:
+            TimeoutError: If the scatter does not finish within the timeout.
+        """
+        deadline = time.monotonic() + self.timeout
         payload = WeightsPayload.pack(weights, version)
         heads = host_leaders(addresses)
         future = self.client.scatter(
             payload, workers=heads[:1], hash=False, direct=True, timeout=self.timeout
         )
+        self._keys.append(future.key)
+        self._workers.update(addresses)
         left_out: list[str] = []
         if len(heads) > 1:
-            copy = tree.copy_along_tree
-            left_out = sync(self.client.loop, copy, self.client, future.key, heads, self.timeout,
-                            callback_timeout=self.timeout)  # fmt: skip
+            copy, left = tree.copy_along_tree, max(deadline - time.monotonic(), 0.0)
+            left_out = sync(self.client.loop, copy, self.client, future.key, heads, deadline,
+                            callback_timeout=left + 1)  # fmt: skip
             if left_out:  # gone or going: the liveness checks deal with their collectors
                 logger.info("weights version %d did not reach %s", version, left_out)
         holders = tuple(a for a in heads if a not in left_out)
         return Sent(ScatterRef(version, future.key, holders), payload, future, ROUTE)
 
-    def close(self) -> None:
-        """Nothing to release: the futures go with the references to them."""
+    def close(self, timeout: float = 5.0) -> None:
+        """Has every worker sent to forget its copies of this collection's versions (bounded,
+        idempotent); Dask's own copies go with the futures."""
+        keys, self._keys = self._keys, []
+        if not keys or not self._workers:
+            return
+        deadline = time.monotonic() + timeout
+        with contextlib.suppress(Exception):  # a client that lost its scheduler: the workers go too
+            sync(self.client.loop, tree.drop, self.client, keys, sorted(self._workers), deadline,
+                 callback_timeout=timeout + 1)  # fmt: skip

@@ -14,14 +14,16 @@ Manager, which runs by default on clusters that are not daskcollect's own,
 drops "superfluous" replicas of Dask data every two seconds, and the collectors
 would then fetch every version from the one worker left holding it. Each worker
 hosting a collector answers two requests, installed by :func:`install`:
-``daskcollect_weights_get`` (a version it holds) and ``daskcollect_weights_pull``
-(fetch one from a given worker and hold it).
+``daskcollect_weights_get`` (a version it holds), ``daskcollect_weights_pull``
+(fetch one from a given worker and hold it) and ``daskcollect_weights_drop``
+(forget versions: the driver's transport sends it when it closes).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import OrderedDict
 from functools import partial
 from typing import Any
@@ -43,6 +45,11 @@ def hold(key: str, payload: Any) -> None:
     _held.move_to_end(key)
     while len(_held) > KEEP:
         _held.popitem(last=False)
+
+
+def held_keys() -> list[str]:
+    """The versions this worker holds for daskcollect now, oldest first."""
+    return list(_held)
 
 
 def held(worker: Any, key: str) -> Any | None:
@@ -75,20 +82,36 @@ def install(worker: Any) -> None:
             hold(key, answer["payload"])
         return {"status": "OK"}
 
-    _dask.add_handlers(worker, {f.__name__: f for f in (daskcollect_weights_get, daskcollect_weights_pull)})
+    def daskcollect_weights_drop(keys: list[str]) -> int:
+        dropped = [_held.pop(k) for k in keys if k in _held]
+        return len(dropped)
+
+    handlers = (daskcollect_weights_get, daskcollect_weights_pull, daskcollect_weights_drop)
+    _dask.add_handlers(worker, {f.__name__: f for f in handlers})
 
 
-async def copy_along_tree(client: Any, key: str, addresses: list[str], timeout: float) -> list[str]:
+async def drop(client: Any, keys: list[str], addresses: list[str], deadline: float) -> None:
+    """Has ``addresses`` forget their copies of ``keys`` (bounded by ``deadline``; a worker that
+    left or does not answer in time is skipped: its copies went, or go, with it)."""
+    left = max(deadline - time.monotonic(), 0.01)
+    await asyncio.gather(
+        *(asyncio.wait_for(client.rpc(a).daskcollect_weights_drop(keys=keys), left) for a in addresses),
+        return_exceptions=True,
+    )
+
+
+async def copy_along_tree(client: Any, key: str, addresses: list[str], deadline: float) -> list[str]:
     """Copies ``key``, held by ``addresses[0]``, to the other workers along a binomial tree.
 
     Args:
         client: The driver's client.
         key: The weights version's key.
         addresses: The workers, the holder first.
-        timeout: The bound on each copy, in seconds.
+        deadline: When the whole fan-out must be over (``time.monotonic()``); every round gets
+            what is left of it, not a timeout of its own.
 
     Returns:
-        The workers left out: unreachable, or without an answer within ``timeout``.
+        The workers left out: unreachable, or not reached by ``deadline``.
     """
 
     async def copy(source: str, target: str) -> None:
@@ -100,8 +123,9 @@ async def copy_along_tree(client: Any, key: str, addresses: list[str], timeout: 
     while todo:
         pairs = list(zip(holders, todo))
         todo = todo[len(pairs) :]
+        left = max(deadline - time.monotonic(), 0.0)
         answers = await asyncio.gather(
-            *(asyncio.wait_for(copy(source, target), timeout) for source, target in pairs),
+            *(asyncio.wait_for(copy(source, target), left) for source, target in pairs),
             return_exceptions=True,
         )
         for (_, target), answer in zip(pairs, answers):
