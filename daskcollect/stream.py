@@ -7,8 +7,8 @@ cluster's security, whatever host the worker is on. The worker's end is
 :mod:`daskcollect.worker.stream`.
 
 - :meth:`CompletionStreams.request` (any thread) queues one request, carrying a
-  weights reference; a ``BatchedSend`` on the client's event loop writes what
-  has queued up.
+  weights reference; one event-loop callback hands every request queued by then
+  to its stream's :class:`~daskcollect.worker.stream.Sender`.
 - The reader of each stream, on the event loop, takes every answer that arrived
   in one read and hands each to ``on_answer(uid, (ok, value))``, in the order
   the requests were sent. A stream that closes (its worker died, or the link)
@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +29,7 @@ from distributed.comm import connect
 from distributed.protocol import to_serialize
 from distributed.utils import sync
 
-from daskcollect.worker.stream import OPEN, sender
+from daskcollect.worker.stream import OPEN, Sender
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,10 @@ class CompletionStreams:
 
     def __init__(self, client: Client, on_answer: OnAnswer, timeout: float):
         self.client, self._on_answer, self.timeout = client, on_answer, timeout
-        self._senders: dict[int, Any] = {}
+        self._senders: dict[int, Sender] = {}
+        # Requests from other threads wait here; one event-loop callback sends all that queued.
+        self._requests: list[tuple[int, dict]] = []
+        self._requests_lock = threading.Lock()
         self._readers: dict[int, asyncio.Task] = {}
         self._closed = False
 
@@ -77,7 +81,7 @@ class CompletionStreams:
         if self._closed:
             comm.abort()
             return False
-        self._senders[uid] = sender(comm)
+        self._senders[uid] = Sender(comm)
         self._readers[uid] = asyncio.ensure_future(self._read(uid, comm))
         return True
 
@@ -85,16 +89,23 @@ class CompletionStreams:
     def request(self, uid: int, weights: Any) -> None:
         """Queues one rollout request on collector ``uid``'s stream (from any thread)."""
         message = {"weights": None if weights is None else to_serialize(weights)}
-        self.client.loop.add_callback(self._send, uid, message)
+        with self._requests_lock:
+            self._requests.append((uid, message))
+            wake = len(self._requests) == 1
+        if wake:
+            self.client.loop.add_callback(self._send)
 
-    def _send(self, uid: int, message: dict) -> None:
-        out = self._senders.get(uid)
-        try:
-            if out is None:
-                raise OSError("no stream to its worker")
-            out.send(message)
-        except OSError as exc:
-            self._on_answer(uid, None, f"its stream closed ({exc})")
+    def _send(self) -> None:
+        with self._requests_lock:
+            requests, self._requests = self._requests, []
+        for uid, message in requests:
+            out = self._senders.get(uid)
+            try:
+                if out is None:
+                    raise OSError("no stream to its worker")
+                out.send(message)
+            except OSError as exc:
+                self._on_answer(uid, None, f"its stream closed ({exc})")
 
     async def _read(self, uid: int, comm: Any) -> None:
         cause = "its stream closed"

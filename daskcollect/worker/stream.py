@@ -15,8 +15,8 @@ for the collector's life:
   worker context that ``distributed.get_worker()`` reads, one at a time and in
   order.
 - Each answer (Dask's ``{"status": ..., "result" | "exception": ...}``) is pushed
-  through a ``BatchedSend`` as soon as it exists; answers that finish while one
-  is being written leave together in the next write.
+  as soon as it exists (:class:`Sender`); answers that finish while one is being
+  written leave together in the next write.
 
 A comm that closes (the driver dropped the collector, closed, or died) ends the
 handler: the rollout running then finishes, and nothing more starts.
@@ -29,8 +29,7 @@ import contextlib
 import logging
 from typing import Any
 
-import dask
-from distributed.batched import BatchedSend
+from distributed.comm import CommClosedError
 from distributed.core import Status
 from distributed.protocol import to_serialize
 
@@ -46,17 +45,51 @@ OPEN = "daskcollect_stream"
 serving: dict[str, str] = {}
 
 
-def sender(comm: Any) -> BatchedSend:
-    """A ``BatchedSend`` on ``comm`` that writes as soon as it has messages and keeps none after.
+class Sender:
+    """Writes messages on a comm in order, each write taking every message queued since the last.
 
-    With no interval, what queues up during one write leaves in the next. Its
-    log of recent messages would hold the last thousand rollouts' batches (each
-    under 1 MB) alive: it is made empty.
+    What ``BatchedSend`` does for workers' messages to the scheduler, without its interval: a
+    completion leaves as soon as it exists, and answers that finish while one is being written
+    leave together in the next write. No timer per message (``BatchedSend`` sets one for each wait),
+    and no log of recent messages (it would keep the last rollouts' batches alive). Event-loop
+    only.
+
+    Args:
+        comm: The comm, connected; :meth:`abort` closes it.
     """
-    with dask.config.set({"distributed.admin.low-level-log-length": 0}):
-        out = BatchedSend(interval=0)
-    out.start(comm)
-    return out
+
+    def __init__(self, comm: Any):
+        self.comm = comm
+        self._buffer: list[Any] = []
+        self._writing: asyncio.Task | None = None
+
+    def send(self, message: Any) -> None:
+        """Queues ``message``.
+
+        Raises:
+            CommClosedError: If the comm is closed (an ``OSError``).
+        """
+        if self.comm.closed():
+            raise CommClosedError(f"{self.comm!r} is closed")
+        self._buffer.append(message)
+        if self._writing is None:
+            self._writing = asyncio.ensure_future(self._write())
+
+    async def _write(self) -> None:
+        try:
+            while self._buffer:
+                payload, self._buffer = self._buffer, []
+                await self.comm.write(payload)
+        except OSError:
+            self.abort()  # the reader of this comm sees it closed and reports it
+        finally:
+            self._writing = None
+
+    def abort(self) -> None:
+        """Drops what is queued and closes the comm at once (idempotent)."""
+        self._buffer = []
+        if not self.comm.closed():
+            self.comm.abort()
 
 
 def install(worker: Any) -> None:
@@ -68,7 +101,7 @@ def install(worker: Any) -> None:
 
     async def daskcollect_stream(comm: Any, actor: str) -> Any:
         requests: asyncio.Queue = asyncio.Queue()
-        out = sender(comm)
+        out = Sender(comm)
         runner = asyncio.ensure_future(_run(worker, actor, requests, out))
         serving[actor] = comm.local_address
         try:
@@ -88,7 +121,7 @@ def install(worker: Any) -> None:
     _dask.add_handlers(worker, {OPEN: daskcollect_stream})
 
 
-async def _run(worker: Any, actor: str, requests: asyncio.Queue, out: BatchedSend) -> None:
+async def _run(worker: Any, actor: str, requests: asyncio.Queue, out: Sender) -> None:
     """Runs the queued rollout requests one after the other and pushes each answer."""
     while True:
         weights = await requests.get()
