@@ -47,7 +47,7 @@ bench: install
 	$(PY) benchmarks/cold_start.py --repeats 3
 	$(PY) benchmarks/driver_cost.py --collectors 8 16 32 --pairs 3
 	$(PY) benchmarks/driver_cost.py --collectors 16 --pairs 3 --external
-	$(PY) benchmarks/envelope.py --collectors 2 8 --pairs 2 --seconds 8 --rpc
+	$(PY) benchmarks/envelope.py --collectors 2 8 16 --hosts 4 --pairs 2 --seconds 8
 	$(PY) benchmarks/throughput.py --num-envs 8 --frames-per-batch 800 --total-frames 16800 --pairs 3
 	$(PY) benchmarks/probes_overhead.py --pairs 7
 	$(PY) benchmarks/cross_host.py --pairs 3
@@ -68,7 +68,7 @@ bench-smoke: install
 	$(PY) benchmarks/replay_buffer.py --frames 400 --frames-per-batch 100 --pairs 1 --out $(SMOKE)/rb.json
 	$(PY) benchmarks/cold_start.py --repeats 1 --frames 2000 --out $(SMOKE)/cold.json
 	$(PY) benchmarks/driver_cost.py --collectors 2 --seconds 1 --pairs 1 --out $(SMOKE)/p7.json
-	$(PY) benchmarks/envelope.py --collectors 2 --seconds 1 --pairs 1 --rpc --out $(SMOKE)/envelope.json
+	$(PY) benchmarks/envelope.py --collectors 2 --seconds 1 --pairs 1 --out $(SMOKE)/envelope.json
 	$(PY) benchmarks/throughput.py --num-envs 2 --frames-per-batch 100 --total-frames 400 --pairs 1 --out $(SMOKE)/p8.json
 	$(PY) benchmarks/probes_overhead.py --pairs 1 --batches 3 --out $(SMOKE)/p10.json
 	$(PY) benchmarks/cross_host.py --hosts 2 --workers-per-host 1 --pairs 1 --seconds 1 --sizes-mb 1 --repeats 1 --warmup 0 --out $(SMOKE)/cross_host.json

@@ -14,7 +14,7 @@ batch, async mode. For each collector count N, interleaved in one process:
 Each run is timed for --seconds after its first batch. "Driver ms/batch" is the
 driver process's CPU time (user + system, every thread) over that window,
 divided by the batches yielded, also split by the driver's threads (Dask's event
-loop, the local lane's reader, the iteration, others); "fps / ideal" is frames/s over N x the frames/s
+loop, which reads the completion streams, the iteration, others); "fps / ideal" is frames/s over N x the frames/s
 of one env stepping alone (1 / (step + its CPU), measured once). The
 scheduler's own process, where it has one, is timed apart ("scheduler
 ms/batch"). The
@@ -68,8 +68,8 @@ def pss_mb(pids: list[int]) -> float:
 
 
 #: The driver's threads by role: Dask's event loop (the client, and in a private
-#: cluster its scheduler and nannies), the local lane's reader, the iteration.
-THREAD_ROLES = {"IO loop": "event_loop", "daskcollect-lane-read": "lane", "MainThread": "iteration"}
+#: cluster its scheduler and nannies), which reads the completion streams, the iteration.
+THREAD_ROLES = {"IO loop": "event_loop", "MainThread": "iteration"}
 ROLES = (*THREAD_ROLES.values(), "other")
 
 

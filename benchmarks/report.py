@@ -173,11 +173,6 @@ def plot_scale(png: str) -> None:
         for side, label in (("dask", "DaskCollector async"), ("torchrl", "MultiAsyncCollector")):
             a.plot(ns, [s[str(n)][f"{side}_driver_ms_per_batch"] for n in ns], marker="o", label=label)
             b.plot(ns, [s[str(n)][f"{side}_fps/ideal"] for n in ns], marker="o", label=label)
-        if all("dask_lane_ms_per_batch" in s[str(n)] for n in ns):
-            per_batch = [
-                s[str(n)]["dask_lane_ms_per_batch"] + s[str(n)]["dask_iteration_ms_per_batch"] for n in ns
-            ]
-            a.plot(ns, per_batch, marker="o", ls="--", label="DaskCollector: lane + iteration threads only")
         if all("dask_scheduler_ms_per_batch" in s[str(n)] for n in ns):
             total = [
                 s[str(n)]["dask_driver_ms_per_batch"] + s[str(n)]["dask_scheduler_ms_per_batch"] for n in ns
@@ -192,7 +187,7 @@ def plot_scale(png: str) -> None:
     if envelope:
         ns = sorted(int(n) for n in envelope["summary"])
         s = envelope["summary"]
-        sides = (("dask", "DaskCollector async"), ("dask-rpc", "DaskCollector, Dask RPCs (no local lane)"),
+        sides = (("dask", "DaskCollector async, one host"), ("dask-hosts", "DaskCollector async, simulated hosts"),
                  ("torchrl", "MultiAsyncCollector"))  # fmt: skip
         for side, label in sides:
             if f"{side}_batches_per_s" in s[str(ns[0])]:

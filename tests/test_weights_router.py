@@ -33,8 +33,8 @@ class RecordingTransport:
         self.sends.append((version, sorted(addresses)))
         return Sent(Ref(version, self.route), WeightsPayload.pack(weights, version), object(), self.route)
 
-    def close(self):
-        self.closed = True
+    def close(self, timeout: float = 5.0):
+        self.closed = timeout
 
 
 @dataclass
@@ -127,5 +127,6 @@ def test_close_releases_everything(transports):
     scatter, shm = transports
     router = WeightRouter(scatter, shm)
     router.publish(weights(1), [Target(0, "a", True)])
-    router.close()
-    assert router.pending(0) is None and router.route(0) is None and scatter.closed and shm.closed
+    router.close(timeout=2.5)
+    assert router.pending(0) is None and router.route(0) is None and shm.closed
+    assert scatter.closed == 2.5  # the workers' copies are dropped within the caller's bound
