@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dask
 import pytest
+import torch
+from distributed.protocol import dumps, loads
 from helpers import streams_served, wait_until
+from tensordict import TensorDict
 
 from daskcollect import DaskCollector
 from daskcollect.testing import make_cartpole_in_worker_context, worker_context_policy
+from daskcollect.worker.stream import serialized
 
 
 def port(address: str) -> int:
@@ -47,3 +52,16 @@ def test_each_collector_streams_over_one_comm_that_closes_with_it(client):
         assert sorted(len(s) for s in streams.values()) == [1, 1]
         assert all(a.startswith("tcp://") for s in streams.values() for a in s.values())
     assert wait_until(lambda: not any(client.run(streams_served).values()), timeout=10)
+
+
+@pytest.mark.parametrize("compression", [False, "zlib"])
+def test_a_rollout_serialized_in_the_actor_reads_back_through_dasks_protocol(compression):
+    """What the actor thread serializes is what the driver's comm rebuilds; where the user turns
+    Dask's comm compression on, the frames travel compressed."""
+    batch = TensorDict({"pixels": torch.zeros(8, 84, 84, dtype=torch.uint8), "reward": torch.randn(8)}, [8])
+    with dask.config.set({"distributed.comm.compression": compression}):
+        frames = dumps([{"status": "OK", "result": serialized({"batch": batch})}])
+    size = sum(memoryview(f).nbytes for f in frames)
+    (answer,) = loads(frames)
+    assert bool((answer["result"]["batch"] == batch).all())
+    assert (size < 10_000) if compression else (size > 8 * 84 * 84)

@@ -19,6 +19,7 @@ import cloudpickle
 import numpy as np
 import torch
 from distributed import get_worker
+from distributed.protocol import Serialized
 from distributed.utils import sync
 from tensordict import TensorDictBase
 
@@ -124,6 +125,14 @@ class CollectorActor:
         """
         with self._busy:
             return self._rollout(weights)
+
+    def rollout_serialized(self, weights: WeightsRef | None = None) -> Serialized:
+        """:meth:`rollout`, serialized for its completion stream here, in the actor's thread.
+
+        The worker's event loop then only writes the frames (see
+        :func:`daskcollect.worker.stream.serialized`).
+        """
+        return stream.serialized(self.rollout(weights))
 
     def _rollout(self, weights: WeightsRef | None) -> Rollout:
         start, cpu0 = time.perf_counter(), time.thread_time()
