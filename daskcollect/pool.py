@@ -365,9 +365,10 @@ class ActorPool:
             if not calls:
                 return  # a removed collector's
             done = [calls.popleft()] if answer is not None else [calls.popleft() for _ in range(len(calls))]
-        lost = (False, OSError(f"Unable to contact Actor's worker: {cause}"))
+        if answer is None:
+            answer = (False, OSError(f"Unable to contact Actor's worker: {cause}"))
         for flight in done:
-            flight.outcome = answer if answer is not None else lost
+            flight.outcome = answer
             self._completed.put(flight)
             slot = flight.slot
             if slot.retiring and self.on_retiring_call_done is not None:

@@ -13,7 +13,7 @@ versions), not in the worker's Dask data: the scheduler's Active Memory
 Manager, which runs by default on clusters that are not daskcollect's own,
 drops "superfluous" replicas of Dask data every two seconds, and the collectors
 would then fetch every version from the one worker left holding it. Each worker
-hosting a collector answers two requests, installed by :func:`install`:
+hosting a collector answers three requests, installed by :func:`install`:
 ``daskcollect_weights_get`` (a version it holds), ``daskcollect_weights_pull``
 (fetch one from a given worker and hold it) and ``daskcollect_weights_drop``
 (forget versions: the driver's transport sends it when it closes).
