@@ -17,9 +17,10 @@ which).
   along daskcollect's tree; the driver's shared memory is off, as it is for other
   hosts), timed
   as in ``broadcast.py`` (update plus a one-frame sync batch, minus that batch),
-  against one point-to-point transfer of the same payload to one worker, and
-  against Dask's own ``scatter(..., broadcast=True)`` to the same workers (the
-  transfers alone, no loading).
+  against one point-to-point transfer of the same payload to one worker, against
+  Dask's own ``scatter(..., broadcast=True)`` to the same workers, and against a
+  scatter to one worker followed by Dask's ``Client.replicate(...,
+  branching_factor=2)`` to them (the transfers alone, no loading).
 
     python benchmarks/cross_host.py --pairs 3
 
@@ -114,10 +115,25 @@ def collection(rig: SimulatedHosts, address: str, args, qdisc: list[str]) -> dic
     return {"collectors": n, "raw": raw, "summary": summary}
 
 
+def replicate(client: Client, payload: WeightsPayload, first: str, targets: list[str]) -> float:
+    """Seconds of a scatter of ``payload`` to ``first``, then Dask's ``Client.replicate`` to every
+    worker in ``targets`` (checked: each holds a copy when it returns)."""
+    start = time.perf_counter()
+    future = client.scatter(payload, workers=[first], direct=True, hash=False, timeout=300)
+    client.replicate([future], n=len(targets), workers=targets, branching_factor=2, callback_timeout=300)
+    elapsed = time.perf_counter() - start
+    held = len(client.who_has([future])[future.key])
+    future.release()
+    if held < len(targets):
+        raise RuntimeError(f"replicate left {held} of {len(targets)} copies")
+    return elapsed
+
+
 def transfers(address: str, payload: WeightsPayload, args) -> dict[int, dict[str, list[float]]]:
     """Per host count ``j``: seconds of one scatter of ``payload`` to one worker of the first host
-    (``one``), and of Dask's own ``scatter(..., broadcast=True)`` to every worker of the first ``j``
-    hosts (``broadcast``), interleaved."""
+    (``one``), of Dask's own ``scatter(..., broadcast=True)`` to every worker of the first ``j``
+    hosts (``broadcast``), and of a scatter to that one worker then ``Client.replicate`` to every
+    worker of the first ``j`` hosts (``replicate``), interleaved."""
     out: dict[int, dict[str, list[float]]] = {}
     with Client(address, timeout=30, set_as_default=False, direct_to_workers=True) as client:
         workers = client.scheduler_info(n_workers=-1)["workers"]
@@ -133,10 +149,14 @@ def transfers(address: str, payload: WeightsPayload, args) -> dict[int, dict[str
                 future.release()
                 return elapsed
 
-            runs = [(scatter([first]), scatter(targets)) for _ in range(args.warmup + args.repeats)]
+            runs = [
+                (scatter([first]), scatter(targets), replicate(client, payload, first, targets))
+                for _ in range(args.warmup + args.repeats)
+            ]
             out[j] = {
-                "one": [a for a, _ in runs[args.warmup :]],
-                "broadcast": [b for _, b in runs[args.warmup :]],
+                "one": [a for a, _, _ in runs[args.warmup :]],
+                "broadcast": [b for _, b, _ in runs[args.warmup :]],
+                "replicate": [c for _, _, c in runs[args.warmup :]],
             }
     return out
 
@@ -155,14 +175,18 @@ def fan_out(address: str, args) -> list[dict]:
                 update = time_update(address, module, policy, n, args.repeats, args.warmup,
                                      worker_resources={f"hosts{j}": 1})  # fmt: skip
             one, broadcast = statistics.median(sides["one"]), statistics.median(sides["broadcast"])
+            replicated = statistics.median(sides["replicate"])
             r = {"size_mb": mb, "hosts": j, "collectors": n, "bytes": payload.nbytes,
                  "update_s": statistics.median(update), "p2p_s": one, "broadcast_s": broadcast,
-                 "update/p2p": statistics.median(update) / one, "broadcast/p2p": broadcast / one,
-                 "raw_update_s": update, "raw_p2p_s": sides["one"], "raw_broadcast_s": sides["broadcast"]}  # fmt: skip
+                 "replicate_s": replicated, "update/p2p": statistics.median(update) / one,
+                 "broadcast/p2p": broadcast / one, "replicate/p2p": replicated / one,
+                 "raw_update_s": update, "raw_p2p_s": sides["one"], "raw_broadcast_s": sides["broadcast"],
+                 "raw_replicate_s": sides["replicate"]}  # fmt: skip
             rows.append(r)
             print(f"{mb:6g} MB  {j} hosts ({n} collectors)  update {1e3 * r['update_s']:8.1f} ms  "
                   f"one transfer {1e3 * one:7.1f} ms  Dask broadcast {1e3 * broadcast:8.1f} ms  "
-                  f"update/one {r['update/p2p']:5.2f}  broadcast/one {r['broadcast/p2p']:5.2f}", flush=True)  # fmt: skip
+                  f"Dask replicate {1e3 * replicated:8.1f} ms  update/one {r['update/p2p']:5.2f}  "
+                  f"broadcast/one {r['broadcast/p2p']:5.2f}  replicate/one {r['replicate/p2p']:5.2f}", flush=True)  # fmt: skip
     return rows
 
 

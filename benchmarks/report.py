@@ -92,19 +92,31 @@ def tables() -> str:
 def cross_host_rows() -> list[str]:
     """The weights' fan-out across simulated hosts, at each link rate measured."""
     rows = []
-    for name in ("cross_host", "cross_host_100mbit"):
-        r = load(name)
-        if not r or not r.get("weights"):
-            continue
+    for r in weights_runs():
         rate = r["args"]["rate"]
         rows += [f"| {w['size_mb']:g} MB | {rate} | {w['hosts']} ({w['collectors']} collectors) | "
                  f"{1e3 * w['update_s']:,.0f} ms | {1e3 * w['p2p_s']:,.0f} ms | **{w['update/p2p']:.2f}** | "
-                 f"{w['broadcast/p2p']:.2f} |" for w in r["weights"]]  # fmt: skip
+                 f"{w['broadcast/p2p']:.2f} | {_ratio(w.get('replicate/p2p'))} |" for w in r["weights"]]  # fmt: skip
     if not rows:
         return []
     return ["### Across hosts: a weights update to every collector on 1–4 simulated hosts (medians)", "",
             "| size | links | hosts | update until loaded | one transfer | update / transfer "
-            "| Dask's `scatter(broadcast=True)` / transfer |", "|---|---|---|---|---|---|---|", *rows, ""]  # fmt: skip
+            "| Dask's `scatter(broadcast=True)` / transfer | Dask's `replicate(branching_factor=2)` / transfer |",
+            "|---|---|---|---|---|---|---|---|", *rows, ""]  # fmt: skip
+
+
+def _ratio(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
+def weights_runs() -> list[dict]:
+    """The newest weights run at each link rate: ``cross_host_weights_1gbit`` (weights alone) where it
+    exists, else the weights part of ``cross_host``, and ``cross_host_100mbit``."""
+    runs = []
+    for names in (("cross_host_weights_1gbit", "cross_host"), ("cross_host_100mbit",)):
+        found = [r for r in map(load, names) if r and r.get("weights")]
+        runs += found[:1]
+    return runs
 
 
 def _figure():
@@ -201,16 +213,16 @@ def plot_scale(png: str) -> None:
 def plot_cross_host(png: str) -> None:
     """The weights' fan-out against the number of hosts, at each link rate, and collection over them."""
     fig, axes = _figure()
-    for ax, name in zip(axes[:2], ("cross_host", "cross_host_100mbit")):
-        r = load(name)
-        if not r or not r.get("weights"):
-            continue
+    for ax, r in zip(axes[:2], weights_runs()):
         for size in sorted({w["size_mb"] for w in r["weights"]}):
             rows = [w for w in r["weights"] if w["size_mb"] == size]
             hosts = [w["hosts"] for w in rows]
             ax.plot(hosts, [w["update/p2p"] for w in rows], marker="o", label=f"daskcollect, {size:g} MB")
             ax.plot(hosts, [w["broadcast/p2p"] for w in rows], marker="x", ls=":",
                     label=f"Dask scatter(broadcast=True), {size:g} MB")  # fmt: skip
+            if all("replicate/p2p" in w for w in rows):
+                ax.plot(hosts, [w["replicate/p2p"] for w in rows], marker="+", ls="-.",
+                        label=f"Dask replicate(branching_factor=2), {size:g} MB")  # fmt: skip
         ax.plot(hosts, hosts, "k--", lw=0.8, label="one send per host")
         ax.plot(hosts, [1 + math.ceil(math.log2(h)) for h in hosts], "k:", lw=0.8,
                 label="binomial tree: 1 + ⌈log2 hosts⌉")  # fmt: skip
