@@ -181,6 +181,17 @@ def add_handlers(worker: Any, handlers: dict[str, Callable]) -> None:
         raise _missing("Worker.handlers", exc) from None
 
 
+def remove_handlers(worker: Any, prefix: str) -> list[str]:
+    """Removes the worker's request handlers whose names start with ``prefix``; their names."""
+    try:
+        names = [name for name in worker.handlers if name.startswith(prefix)]
+    except AttributeError as exc:
+        raise _missing("Worker.handlers", exc) from None
+    for name in names:
+        del worker.handlers[name]
+    return names
+
+
 async def fetch_from_peers(worker: Any, key: str, order: Callable[[list[str]], list[str]]) -> Any:
     """Fetches the data of ``key`` from a worker that holds it (from an actor's worker).
 

@@ -42,6 +42,7 @@ from daskcollect.iteration import AsyncIteration, SyncIteration
 from daskcollect.memmap import MemmapBatch, describe_parts
 from daskcollect.monitoring import dashboard, display
 from daskcollect.monitoring.reporter import Reporter, check_logger
+from daskcollect.scheduler_plugins import Lease
 from daskcollect.serialization import register_serializers
 from daskcollect.settings import Settings
 from daskcollect.spec import CollectionSpec
@@ -226,6 +227,7 @@ class DaskCollector(BaseCollector):
         self._started = time.monotonic()
         self._background = BackgroundCollection(self._background_batches, self._finish_pass, "daskcollect")
 
+        self._leases: list[Lease] = []  # on the scheduler's shared plugins
         self._closed = False
         close_at_exit(self.shutdown)
         try:
@@ -260,8 +262,11 @@ class DaskCollector(BaseCollector):
         recipes = spec.recipes(n)
         setup = WorkerSetup(spec.cluster.worker_env, settings.worker)
         self._handle.register_plugin(setup, name=f"daskcollect-{id(self):x}")
-        retirement.install_retirement_hook(client, settings.timeouts.retire)
-        dashboard.install_monitor(client, settings.history)
+        leases = (
+            retirement.install_retirement_hook(client, settings.timeouts.retire),
+            dashboard.install_monitor(client, settings.history, settings.timeouts.call),
+        )
+        self._leases = [held for held in leases if held is not None]
         module = self.policy if isinstance(self.policy, torch.nn.Module) else None
         self.engine = Engine(client, spec, settings, n, recipes, module)
         self.engine.start()
@@ -611,6 +616,9 @@ class DaskCollector(BaseCollector):
             if self._reporter is not None:
                 self._reporter.close(self._snapshot)
             self.engine.close(timeout)
+        for held in self._leases:  # the last collection on the scheduler removes the plugins
+            held.release()
+        self._leases = []
         if self._driver_threads is not None:
             torch.set_num_threads(self._driver_threads)
             self._driver_threads = None

@@ -93,7 +93,9 @@ class Engine:
         self._weights_source = weights_source
         self._known_workers: set[str] = set()
         follow_events = spec.follow and client is not None
-        self._joins = JoinWatch(client, settings.liveness_interval) if follow_events else None
+        self._joins = (
+            JoinWatch(client, settings.liveness_interval, settings.timeouts.call) if follow_events else None
+        )
         self._seed: int | None = None
         out = spec.output
         self.ledger = (

@@ -15,7 +15,7 @@ import contextlib
 import time
 from typing import Any
 
-from distributed.diagnostics.plugin import SchedulerPlugin
+from daskcollect.scheduler_plugins import SharedPlugin, lease
 
 JOINED_TOPIC = "daskcollect-worker-joined"
 MEMBERSHIP_PLUGIN = "daskcollect-membership"
@@ -25,8 +25,9 @@ MEMBERSHIP_PLUGIN = "daskcollect-membership"
 SAFETY_INTERVALS = 10
 
 
-class MembershipEvents(SchedulerPlugin):
-    """Logs every worker that joins on :data:`JOINED_TOPIC` (registered once per scheduler)."""
+class MembershipEvents(SharedPlugin):
+    """Logs every worker that joins on :data:`JOINED_TOPIC` (leased by each collection that follows
+    the cluster; the last one out removes it)."""
 
     name = MEMBERSHIP_PLUGIN
     idempotent = True
@@ -43,16 +44,14 @@ class JoinWatch:
         interval: ``daskcollect.liveness-interval``: how often to look without events.
     """
 
-    def __init__(self, client: Any, interval: float):
+    def __init__(self, client: Any, interval: float, timeout: float = 30.0):
         self.client, self.interval = client, interval
         self._joined = True  # look once at the start
         self._next_look = 0.0
-        try:
-            client.register_plugin(MembershipEvents(), name=MEMBERSHIP_PLUGIN)
+        self._lease = lease(client, MembershipEvents(), timeout)
+        self.events = self._lease is not None  # else the scheduler cannot import daskcollect: a timer
+        if self.events:
             client.subscribe_topic(JOINED_TOPIC, self._on_join)
-            self.events = True
-        except Exception:  # the scheduler cannot import daskcollect: look on a timer
-            self.events = False
 
     def _on_join(self, event: tuple[float, dict]) -> None:
         self._joined = True
@@ -70,3 +69,5 @@ class JoinWatch:
         if self.events:
             with contextlib.suppress(Exception):
                 self.client.unsubscribe_topic(JOINED_TOPIC)
+        if self._lease is not None:
+            self._lease.release()

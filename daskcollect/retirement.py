@@ -15,11 +15,15 @@ on that topic: it stops calls to those collectors, lets the calls in flight
 finish (their batches are yielded as usual), closes the collectors and
 releases the actors, and hands the released slots to the engine, which counts
 them and reconciles. Dask's retirement then proceeds as for any worker.
-Without daskcollect actors on the leaving workers, the handler is Dask's own,
-with one change: a worker that retires itself (``--lifetime``) is removed from
-the scheduler when it disconnects rather than at once, so that a heartbeat
-racing its close cannot make it close its nanny too (``--lifetime-restart``
-workers then come back every time).
+Without daskcollect actors on the leaving workers, the call goes to Dask's own
+handler unchanged. A collector's worker that retires itself (``--lifetime``) is
+removed from the scheduler when it disconnects rather than at once, so that a
+heartbeat racing its close cannot make it close its nanny too
+(``--lifetime-restart`` workers then come back every time).
+
+The plugin is shared by the collections on a scheduler
+(:mod:`daskcollect.scheduler_plugins`): the last one to close removes it, and
+Dask's handler is back as it was.
 """
 
 from __future__ import annotations
@@ -30,10 +34,9 @@ import logging
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from distributed.diagnostics.plugin import SchedulerPlugin
-
 from daskcollect import _dask
 from daskcollect.polling import apoll_until, poll_until
+from daskcollect.scheduler_plugins import Lease, SharedPlugin
 
 if TYPE_CHECKING:  # the pool loads torch; the scheduler unpickling the plugin must not
     from daskcollect.pool import ActorPool, Slot
@@ -62,12 +65,12 @@ def _named(name: str, wanted: set[str]) -> bool:
     return name in wanted or name.rsplit("-", 1)[0] in wanted
 
 
-class GracefulRetirement(SchedulerPlugin):
+class GracefulRetirement(SharedPlugin):
     """Lets daskcollect release its actors before Dask retires their workers.
 
-    Registered (idempotently) by every ``DaskCollector``. With no collector
-    actor on a leaving worker it only defers a self-retiring worker's removal
-    (see the module docstring). ``close()`` restores Dask's handler.
+    Leased by every ``DaskCollector``. With no collector actor on the leaving
+    workers it hands the call to Dask's handler unchanged. ``close()`` restores
+    Dask's handler.
 
     Args:
         timeout: How long a retirement waits for the collectors' release
@@ -78,6 +81,7 @@ class GracefulRetirement(SchedulerPlugin):
     idempotent = True
 
     def __init__(self, timeout: float = 60.0) -> None:
+        super().__init__()
         self.timeout = timeout
         self._scheduler: Any = None
         self._original: Any = None
@@ -132,7 +136,7 @@ class GracefulRetirement(SchedulerPlugin):
                     busy,
                     self.timeout,
                 )
-        if _dask.is_self_retirement(kwargs):
+        if busy and _dask.is_self_retirement(kwargs):
             # Dask removes the worker at once, before the worker closes; a heartbeat
             # in between is answered "missing", and the worker then closes its
             # nanny too, so a --lifetime-restart worker never comes back
@@ -141,16 +145,17 @@ class GracefulRetirement(SchedulerPlugin):
         return await self._original(**kwargs)
 
 
-def install_retirement_hook(client: Any, timeout: float) -> bool:
-    """Installs :class:`GracefulRetirement` on the client's scheduler (once per scheduler).
+def install_retirement_hook(client: Any, timeout: float) -> Lease | None:
+    """Leases :class:`GracefulRetirement` on the client's scheduler (installed by the first lease).
 
     Returns:
-        ``False``, with a warning, where the scheduler cannot load it (daskcollect
-        not installed beside the scheduler): retiring a collector's worker then
+        The lease, to release when the collection closes; ``None``, with a
+        warning, where the scheduler cannot load the plugin (daskcollect not
+        installed beside the scheduler): retiring a collector's worker then
         loses the rollout in flight, as a lost worker does.
     """
     try:
-        client.register_plugin(GracefulRetirement(timeout), name=RETIREMENT_PLUGIN)
+        return Lease(client, GracefulRetirement(timeout), timeout=timeout)
     except Exception as exc:
         warnings.warn(
             f"daskcollect could not install its retirement hook on the scheduler ({type(exc).__name__}: "
@@ -159,8 +164,7 @@ def install_retirement_hook(client: Any, timeout: float) -> bool:
             RuntimeWarning,
             stacklevel=3,
         )
-        return False
-    return True
+        return None
 
 
 class RetirementWatcher:

@@ -21,15 +21,7 @@ import psutil
 from distributed import Client, SpecCluster
 from helpers import SHARED_MEMORY, wait_until
 
-from daskcollect.membership import MEMBERSHIP_PLUGIN
-from daskcollect.monitoring.dashboard import MONITOR_PLUGIN
-from daskcollect.retirement import RETIREMENT_PLUGIN
-
 PREFIX = "daskcollect"
-
-#: Scheduler plugins that daskcollect installs once per scheduler and leaves there (one each,
-#: however many collections ran; the good-citizen issue, #26, removes them with the last collection).
-SCHEDULER_SINGLETONS = frozenset({RETIREMENT_PLUGIN, MEMBERSHIP_PLUGIN, MONITOR_PLUGIN})
 
 #: Seconds a leftover may take to go on its own (a private cluster's processes exiting,
 #: the scheduler forgetting a closed client's tasks) before it counts as a leak.
@@ -133,7 +125,7 @@ class SessionCluster:
         return {
             "actors": {f"{a} on {w}" for w, s in workers.items() for a in s["actors"]},
             "worker plugins": {f"{p} on {w}" for w, s in workers.items() for p in s["plugins"]},
-            "scheduler plugins": set(scheduler["plugins"]) - SCHEDULER_SINGLETONS,
+            "scheduler plugins": set(scheduler["plugins"]),
             "scheduler tasks": set(scheduler["tasks"]),
         }
 

@@ -39,3 +39,5 @@ def test_a_joining_worker_is_announced_by_an_event(make_cluster):
             assert not watch.maybe_joined()  # the flag is consumed
         finally:
             watch.close()
+        plugins = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins))
+        assert MEMBERSHIP_PLUGIN not in plugins  # the watch's lease was the last

@@ -17,7 +17,7 @@ from distributed import Client, performance_report
 from helpers import fresh_python, wait_until
 
 from daskcollect import DaskCollector
-from daskcollect.monitoring.dashboard import CollectorMonitor
+from daskcollect.monitoring.dashboard import CollectorMonitor, keep_monitor
 from daskcollect.testing import make_cartpole
 
 CHROMIUM = shutil.which("chromium")
@@ -158,12 +158,14 @@ def test_prometheus_metrics_and_json(cluster, client):
 
 
 def test_page_numbers_match_stats(cluster, client):
-    with DaskCollector(
-        make_cartpole, frames_per_batch=100, total_frames=2100, num_collectors=2, client=client
-    ) as c:
-        frames = sum(b.numel() for b in c)
-        stats = c.stats()
-    page = newest(cluster)  # its final report, sent at shutdown
+    with keep_monitor(client):  # the page outlives the collection
+        with DaskCollector(
+            make_cartpole, frames_per_batch=100, total_frames=2100, num_collectors=2, client=client
+        ) as c:
+            frames = sum(b.numel() for b in c)
+            stats = c.stats()
+        page = newest(cluster)  # its final report, sent at shutdown
+        html = urllib.request.urlopen(dashboard_base(cluster) + "/daskcollect", timeout=10).read().decode()
     assert frames == page["frames"] == 2100 and page["state"] == "closed"
     for key in ("frames", "batches", "episodes", "episode_return_mean", "episode_length_mean", "policy_lag",
                 "time_split", "restarts", "frames_lost", "live_collectors"):  # fmt: skip
@@ -172,18 +174,21 @@ def test_page_numbers_match_stats(cluster, client):
         assert (shown["frames"], shown["episodes"], shown["episode_return_mean"]) == (
             row["frames"], row["episodes"], row["episode_return_mean"],
         )  # fmt: skip
-    html = urllib.request.urlopen(dashboard_base(cluster) + "/daskcollect", timeout=10).read().decode()
     assert f"<td>{stats['episode_return_mean']:,.2f}</td>" in html and f"<td>{stats['episodes']}</td>" in html
 
 
-def test_closed_collection_is_marked(cluster, client):
-    with DaskCollector(
-        make_cartpole, frames_per_batch=100, total_frames=400, num_collectors=2, client=client
-    ) as c:
-        frames = sum(b.numel() for b in c)
-        assert newest(cluster)["state"] in ("ready", "collecting")
-    page = newest(cluster)
+def test_closed_collection_is_marked_while_the_page_is_kept_and_the_page_goes_after(cluster, client):
+    with keep_monitor(client) as served:
+        assert served
+        with DaskCollector(
+            make_cartpole, frames_per_batch=100, total_frames=400, num_collectors=2, client=client
+        ) as c:
+            frames = sum(b.numel() for b in c)
+            assert newest(cluster)["state"] in ("ready", "collecting")
+        page = newest(cluster)
     assert frames == page["frames"] == 400 and page["state"] == "closed"
+    with pytest.raises(urllib.error.HTTPError, match="404"):  # the last lease out took the page
+        page_json(cluster)
 
 
 def test_page_without_collections():

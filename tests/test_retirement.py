@@ -12,8 +12,10 @@ retirements).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import time
+from typing import Any
 
 from distributed import Client
 from distributed.core import rpc
@@ -29,6 +31,7 @@ from daskcollect.retirement import (
     GracefulRetirement,
     install_retirement_hook,
 )
+from daskcollect.scheduler_plugins import acquire, release_lease
 
 TWO_WORKERS = [("127.0.0.1", 1), ("127.0.0.1", 1)]
 
@@ -42,7 +45,7 @@ def announced(scheduler) -> list[list[str]]:
 
 
 async def with_plugin(client, timeout: float = 10.0) -> None:
-    await client.register_plugin(GracefulRetirement(timeout), name=RETIREMENT_PLUGIN)
+    await client.run_on_scheduler(acquire, GracefulRetirement(timeout), "test-lease", client.id)
 
 
 @gen_cluster(client=True, nthreads=TWO_WORKERS)
@@ -83,35 +86,53 @@ async def test_a_collector_not_released_in_time_leaves_its_worker_to_dasks_refus
     assert a.address in s.workers and announced(s) == [[a.address]]
 
 
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
-async def test_a_worker_retiring_itself_stays_listed_until_it_disconnects(c, s, a):
-    """What ``Worker.close_gracefully`` (``--lifetime``) asks: a heartbeat racing the worker's close
-    then still finds it, and the worker does not close its nanny (dask/distributed#4752)."""
-    await with_plugin(c)
+async def retire_itself(s, worker) -> None:
+    """What ``Worker.close_gracefully`` (``--lifetime``) asks of the scheduler."""
     async with rpc(s.address) as scheduler:
         await scheduler.retire_workers(
-            workers=[a.address],
+            workers=[worker.address],
             close_workers=False,
             remove=True,
             stimulus_id=f"worker-close-gracefully-{time.time()}",
         )
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_a_collectors_worker_retiring_itself_stays_listed_until_it_disconnects(c, s, a):
+    """A heartbeat racing the worker's close then still finds it, and the worker does not close its
+    nanny (dask/distributed#4752)."""
+    await with_plugin(c)
+    actor = c.submit(Held, actor=True, workers=[a.address], key=f"{ACTOR_KEY_PREFIX}test-2")
+    await actor
+    retiring = asyncio.ensure_future(retire_itself(s, a))
+    assert await apoll_until(lambda: announced(s), 10)
+    await c.cancel([actor])
+    await asyncio.wait_for(retiring, 10)
     assert a.address in s.workers and s.workers[a.address].status.name == "closing_gracefully"
     await a.close()
     assert await apoll_until(lambda: a.address not in s.workers, 10)
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
-async def test_the_plugin_wraps_dasks_handler_once_and_gives_it_back_at_close(c, s, a):
-    """Its ``close()`` runs when the scheduler closes. (Dask's ``unregister_scheduler_plugin`` does
-    not call it: removing the hook from a running scheduler is the good-citizen issue's, #26.)"""
-    dasks = s.handlers["retire_workers"]
+async def test_a_worker_without_collectors_retiring_itself_is_removed_as_by_dask_alone(c, s, a):
     await with_plugin(c)
+    await retire_itself(s, a)
+    assert a.address not in s.workers and announced(s) == []
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_the_last_lease_out_gives_dasks_handler_back(c, s, a):
+    """Two collections lease the plugin: it wraps Dask's handler once, and the last release
+    removes it and restores the handler."""
+    dasks = s.handlers["retire_workers"]
+    first = await c.run_on_scheduler(acquire, GracefulRetirement(10), "lease-a", c.id)
     wrapped = s.handlers["retire_workers"]
-    assert wrapped is not dasks
-    await with_plugin(c)  # a second collection registers it again: nothing changes
-    assert s.handlers["retire_workers"] is wrapped
-    await s.plugins[RETIREMENT_PLUGIN].close()
-    assert s.handlers["retire_workers"] == dasks
+    second = await c.run_on_scheduler(acquire, GracefulRetirement(10), "lease-b", c.id)
+    assert (first, second) == (1, 2) and wrapped is not dasks and s.handlers["retire_workers"] is wrapped
+    assert await c.run_on_scheduler(release_lease, RETIREMENT_PLUGIN, "lease-a") == 1
+    assert RETIREMENT_PLUGIN in s.plugins and s.handlers["retire_workers"] is wrapped
+    assert await c.run_on_scheduler(release_lease, RETIREMENT_PLUGIN, "lease-b") == 0
+    assert RETIREMENT_PLUGIN not in s.plugins and s.handlers["retire_workers"] == dasks
 
 
 class SlowRemoval(SchedulerPlugin):
@@ -124,16 +145,29 @@ class SlowRemoval(SchedulerPlugin):
             await asyncio.sleep(2)
 
 
-def test_a_lifetime_restart_worker_comes_back_every_time_under_a_slow_scheduler(make_cluster):
+def test_a_collectors_lifetime_restart_worker_comes_back_every_time_under_a_slow_scheduler(make_cluster):
+    """Each incarnation of the worker holds a collector's actor, which the test releases when the
+    retirement is announced, as a collection's ``RetirementWatcher`` does."""
     cluster = make_cluster(n_workers=1, lifetime="3s", lifetime_stagger="0s", lifetime_restart=True)
     with Client(cluster, set_as_default=False) as client:
         client.register_plugin(SlowRemoval())
-        assert install_retirement_hook(client, timeout=10)
+        lease = install_retirement_hook(client, timeout=10)
+        assert lease is not None
+        held: dict[str, Any] = {}
+        client.subscribe_topic(
+            RETIRING_TOPIC, lambda event: [held.pop(a).release() for a in event[1]["workers"] if a in held]
+        )
         seen: set[str] = set()
 
         def seen_enough() -> bool:
-            seen.update(cluster.scheduler.workers)
+            for address in set(cluster.scheduler.workers) - seen:
+                seen.add(address)
+                key = f"{ACTOR_KEY_PREFIX}{len(seen)}"
+                held[address] = client.submit(collections.Counter, actor=True, workers=[address], key=key)
             return len(seen) >= 3
 
         wait_until(seen_enough, timeout=45)
+        client.unsubscribe_topic(RETIRING_TOPIC)
+        held.clear()
+        lease.release()
     assert len(seen) >= 3, f"the worker came back {len(seen) - 1} times in 45 s, not twice: {seen}"

@@ -20,19 +20,23 @@ serves them on the dashboard's own HTTP server (same host and port):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import time
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
+import dask
 import jinja2
-from distributed.diagnostics.plugin import SchedulerPlugin
+from dask.utils import parse_timedelta
 from tornado import web
 
 from daskcollect.monitoring import charts
 from daskcollect.monitoring.history import History
 from daskcollect.monitoring.stats import TIME_PARTS
+from daskcollect.scheduler_plugins import Lease, SharedPlugin, lease
 
 STATS_TOPIC = "daskcollect-stats"
 MONITOR_PLUGIN = "daskcollect-monitor"
@@ -72,13 +76,19 @@ def _rate(value: Any) -> str:
     return f"{value:,.0f}" if isinstance(value, (int, float)) else ""
 
 
-class CollectorMonitor(SchedulerPlugin):
-    """Keeps each collection's latest stats and serves them (page, JSON, Prometheus)."""
+class CollectorMonitor(SharedPlugin):
+    """Keeps each collection's latest stats and serves them (page, JSON, Prometheus).
+
+    Leased by each collection, and by :func:`keep_monitor`; the last lease out
+    removes it, its pages and its metrics.
+    """
 
     name = MONITOR_PLUGIN
     idempotent = True
 
     def __init__(self, history: float = 300.0) -> None:
+        super().__init__()
+        self._routes: list[tuple[list, Any]] = []
         self.collections: dict[str, dict[str, Any]] = {}
         self.history_seconds = history
         self.histories: dict[str, History] = {}
@@ -86,6 +96,8 @@ class CollectorMonitor(SchedulerPlugin):
     async def start(self, scheduler: Any) -> None:
         app = getattr(scheduler, "http_application", None)
         if app is not None:  # no dashboard server (dashboard disabled): nothing to serve
+            routers = [app.default_router, app.wildcard_router]
+            before = [list(router.rules) for router in routers]
             app.add_handlers(
                 r".*$",
                 [
@@ -93,11 +105,17 @@ class CollectorMonitor(SchedulerPlugin):
                     (PATH + r"/json", _JsonHandler, {"monitor": self}),
                 ],
             )
+            for router, rules in zip(routers, before):
+                self._routes += [(router.rules, rule) for rule in router.rules if rule not in rules]
         metrics = _PrometheusCollector.installed()
         if metrics is not None:
             metrics.monitors.add(self)
 
     async def close(self) -> None:
+        for rules, rule in self._routes:  # the pages go with the plugin
+            if rule in rules:
+                rules.remove(rule)
+        self._routes = []
         metrics = _PrometheusCollector.installed()
         if metrics is not None:
             metrics.monitors.discard(self)
@@ -269,20 +287,42 @@ class _PrometheusCollector:
         yield from (frames, lost, restarts, fps, live, returns, lag, c_frames, c_fps, c_version)
 
 
-def install_monitor(client: Any, history: float) -> bool:
-    """Installs :class:`CollectorMonitor` on the client's scheduler (once per scheduler).
+def install_monitor(client: Any, history: float, timeout: float = 30.0) -> Lease | None:
+    """Leases :class:`CollectorMonitor` on the client's scheduler (installed by the first lease).
 
     Args:
         client: Our ``Client``.
         history: Seconds of history the charts keep (``daskcollect.dashboard.history``);
-            the first collection on a scheduler sets it.
+            the lease that installs it sets it.
+        timeout: Bound on each call to the scheduler.
 
     Returns:
-        ``False`` where the scheduler cannot load it; the collection then runs
-        without a dashboard page.
+        The lease, to release when the collection closes; ``None`` where the
+        scheduler cannot load the plugin: the collection then runs without a
+        dashboard page.
     """
+    return lease(client, CollectorMonitor(history), timeout)
+
+
+@contextlib.contextmanager
+def keep_monitor(client: Any, history: float | None = None) -> Iterator[bool]:
+    """Keeps the ``/daskcollect`` page and the metrics on the scheduler between collections.
+
+    The page goes with the last collection that uses it; inside this block it
+    stays, with the closed collections' last figures, until the block ends.
+
+    Args:
+        client: A ``Client`` of the cluster.
+        history: Seconds of history the charts keep (default ``daskcollect.dashboard.history``).
+
+    Yields:
+        Whether the scheduler serves the page (``False`` where it cannot load daskcollect).
+    """
+    if history is None:
+        history = parse_timedelta(dask.config.get("daskcollect.dashboard.history"))
+    held = install_monitor(client, history)
     try:
-        client.register_plugin(CollectorMonitor(history), name=MONITOR_PLUGIN)
-    except Exception:
-        return False
-    return True
+        yield held is not None
+    finally:
+        if held is not None:
+            held.release()

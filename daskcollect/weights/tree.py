@@ -47,6 +47,11 @@ def hold(key: str, payload: Any) -> None:
         _held.popitem(last=False)
 
 
+def forget_all() -> None:
+    """Drops every copy this worker holds (its last collection closed)."""
+    _held.clear()
+
+
 def held_keys() -> list[str]:
     """The versions this worker holds for daskcollect now, oldest first."""
     return list(_held)

@@ -23,6 +23,9 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from daskcollect import _dask
 from daskcollect.settings import WorkerSettings
 
+#: The names of the requests daskcollect adds to its workers (completion streams, the weights' tree).
+HANDLER_PREFIX = "daskcollect_"
+
 
 def _load_collector_stack(torch_threads: int | None) -> None:
     """Imports what collectors need, registers the serializers, sets torch's threads (off the loop)."""
@@ -75,7 +78,7 @@ class WorkerSetup(WorkerPlugin):
         self.trim_sys_path = settings.trim_sys_path
         self.tick_interval = settings.tick_interval
         self._saved: dict[str, str | None] = {}
-        self._trimmed: list[str] = []
+        self._trimmed: list[tuple[int, str]] = []  # (position, entry), to put each back where it was
         self._tick_ms: float | None = None
         self._quiet: _dask.QuietHeartbeatAtClose | None = None
 
@@ -84,8 +87,9 @@ class WorkerSetup(WorkerPlugin):
         os.environ.update(self.env)  # before any import reads them
         await asyncio.get_running_loop().run_in_executor(None, _load_collector_stack, self.torch_threads)
         if self.trim_sys_path:
-            self._trimmed = foreign_scratch_dirs(sys.path, getattr(worker, "local_directory", None))
-            sys.path[:] = [p for p in sys.path if p not in self._trimmed]
+            foreign = set(foreign_scratch_dirs(sys.path, getattr(worker, "local_directory", None)))
+            self._trimmed = [(i, p) for i, p in enumerate(sys.path) if p in foreign]
+            sys.path[:] = [p for p in sys.path if p not in foreign]
         tick = _dask.tick_callback(worker) if worker is not None else None
         if self.tick_interval is not None and tick is not None:
             self._tick_ms = tick.callback_time
@@ -94,6 +98,15 @@ class WorkerSetup(WorkerPlugin):
             self._quiet = _dask.QuietHeartbeatAtClose(worker)
             logging.getLogger("distributed.worker").addFilter(self._quiet)
 
+    @staticmethod
+    def _forget(worker) -> None:
+        """What the collectors added to the worker, once no collection uses it: the requests their
+        streams and the weights' tree answer, and the weights copies the tree holds."""
+        _dask.remove_handlers(worker, HANDLER_PREFIX)
+        tree = sys.modules.get("daskcollect.weights.tree")
+        if tree is not None:
+            tree.forget_all()
+
     def teardown(self, worker):
         for key, value in self._saved.items():
             if value is None:
@@ -101,12 +114,16 @@ class WorkerSetup(WorkerPlugin):
             else:
                 os.environ[key] = value
         self._saved = {}
-        sys.path.extend(p for p in self._trimmed if p not in sys.path)
+        for position, path in self._trimmed:
+            if path not in sys.path:
+                sys.path.insert(position, path)
         self._trimmed = []
         tick = _dask.tick_callback(worker) if worker is not None else None
         if self._tick_ms is not None and tick is not None:
             tick.callback_time = self._tick_ms
         self._tick_ms = None
+        if worker is not None and not any(isinstance(p, WorkerSetup) for p in worker.plugins.values()):
+            self._forget(worker)
         # A closing worker runs this before it closes its connections: the filter stays for that.
         if self._quiet is not None and not self._quiet.closing():
             logging.getLogger("distributed.worker").removeFilter(self._quiet)
