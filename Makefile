@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint docs bench bench-smoke clean
+.PHONY: install demo test test-fast lint docs compat bench bench-smoke clean
 
 $(STAMP): pyproject.toml requirements/dev.txt
 	python3 -m venv $(VENV)
@@ -31,6 +31,19 @@ test: lint docs
 
 test-fast: lint
 	$(PY) -m pytest tests -m "not slow"
+
+# The newest releases of dask, distributed, torchrl and tensordict, past pyproject.toml's upper bounds, in a
+# scratch venv, and the fast suite against them (docs/deployment.md#versions). pip warns about the bounds
+# it was told to step over; what it installed is printed before the tests.
+COMPAT ?= /tmp/daskcollect-compat
+compat:
+	rm -rf $(COMPAT)
+	python3 -m venv $(COMPAT)
+	$(COMPAT)/bin/python -m pip install -q --upgrade pip
+	$(COMPAT)/bin/python -m pip install -q -r requirements/dev.txt
+	-$(COMPAT)/bin/python -m pip install -q --upgrade dask distributed torchrl tensordict
+	$(COMPAT)/bin/python -m pip list 2>/dev/null | grep -iE "^(dask|distributed|torch|torchrl|tensordict) "
+	$(COMPAT)/bin/python -m pytest tests -m "not slow" -p no:cacheprovider
 
 # The benchmarks (docs/benchmarks.md): about 20 min on 2 cores (measured 2026-12-02), plus about 25 for P7 (2026-12-03)
 # and about 40 for the envelope, P8, P10 and the cross-host runs (2026-12-04); do not run anything else meanwhile.

@@ -21,7 +21,7 @@ from packaging.version import Version
 from daskcollect.errors import DaskVersionError
 
 #: The ``distributed`` releases these internals were checked against: [low, high).
-TESTED = ("2026.1.0", "2027.1.0")
+TESTED = ("2026.1.0", "2026.9.0")  # as pyproject.toml pins it
 _warned = False
 
 
