@@ -29,7 +29,7 @@ from distributed import Client, LocalCluster, Nanny
 from distributed.comm import connect as comm_connect
 from distributed.security import Security
 
-from daskcollect import _dask
+from daskcollect import _internals
 from daskcollect.errors import ClusterConnectionError, NotEnoughWorkersError
 from daskcollect.main_guard import check_main_guard
 from daskcollect.options import ClusterOptions
@@ -114,7 +114,7 @@ class ClusterHandle:
         with contextlib.suppress(Exception):
             self.client.close(timeout=timeout)
         # A Client that closed itself after losing the scheduler skipped stopping its loop above.
-        _dask.stop_loop(self.client)
+        _internals.stop_loop(self.client)
         if self.cluster is not None:
             with contextlib.suppress(Exception):
                 self.cluster.close(timeout=timeout)
@@ -190,6 +190,10 @@ def _close_left_open() -> None:
                 close()
 
 
+#: The nanny's own process monitors, which a private cluster's nannies drop.
+NANNY_MONITORS = ("monitor", "tick", "ticks", "shift_counters")
+
+
 class DriverNanny(Nanny):
     """A private cluster's nanny, without its own process monitors.
 
@@ -204,8 +208,7 @@ class DriverNanny(Nanny):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        for name in ("monitor", "tick", "ticks", "shift_counters"):
-            self.periodic_callbacks.pop(name, None)
+        _internals.drop_periodic_callbacks(self, NANNY_MONITORS)
 
 
 class PrivateCluster(LocalCluster):
@@ -222,7 +225,7 @@ class PrivateCluster(LocalCluster):
         try:
             super().__init__(*args, **kwargs)
         except BaseException:
-            _dask.stop_loop(self)  # SpecCluster closed what it started, but not its event loop
+            _internals.stop_loop(self)  # SpecCluster closed what it started, but not its event loop
             raise
 
     async def _start(self) -> None:

@@ -30,10 +30,9 @@ import torch
 from dask.system import CPU_COUNT
 from tensordict import TensorDict, TensorDictBase
 from torchrl.collectors import BaseCollector, Collector
-from torchrl.collectors._constants import DEFAULT_EXPLORATION_TYPE
 from torchrl.collectors.utils import split_trajectories
 
-from daskcollect import _dask, retirement
+from daskcollect import _internals, retirement
 from daskcollect.background import BackgroundCollection
 from daskcollect.cluster import ClusterHandle, close_at_exit, connect, eligible_workers, wait_for_workers
 from daskcollect.engine import Engine
@@ -48,6 +47,9 @@ from daskcollect.settings import Settings
 from daskcollect.spec import CollectionSpec
 from daskcollect.worker.plugin import WorkerSetup
 from daskcollect.worker.rollout import Rollout
+
+#: TorchRL collectors' default ``exploration_type``.
+DEFAULT_EXPLORATION_TYPE = _internals.default_exploration_type()
 
 
 class DaskCollector(BaseCollector):
@@ -210,7 +212,7 @@ class DaskCollector(BaseCollector):
         self.settings = Settings.load()
         self.spec = CollectionSpec.from_keywords(self.settings, keywords)
         self.logger = check_logger(logger)
-        _dask.check_version()
+        _internals.check_version()
 
         # TorchRL-facing attributes.
         self.policy = policy

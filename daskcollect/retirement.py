@@ -34,7 +34,7 @@ import logging
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from daskcollect import _dask
+from daskcollect import _internals
 from daskcollect.polling import apoll_until, poll_until
 from daskcollect.scheduler_plugins import Lease, SharedPlugin
 
@@ -53,7 +53,7 @@ RETIREMENT_PLUGIN = "daskcollect-graceful-retirement"
 
 def collector_actors(scheduler: Any, address: str) -> list[str]:
     """Keys of the daskcollect actors that the worker at ``address`` holds."""
-    return [k for k in _dask.actor_keys(scheduler, address) if k.startswith(ACTOR_KEY_PREFIX)]
+    return [k for k in _internals.actor_keys(scheduler, address) if k.startswith(ACTOR_KEY_PREFIX)]
 
 
 def _named(name: str, wanted: set[str]) -> bool:
@@ -88,7 +88,7 @@ class GracefulRetirement(SharedPlugin):
 
     async def start(self, scheduler: Any) -> None:
         self._scheduler = scheduler
-        current = _dask.retire_handler(scheduler)
+        current = _internals.retire_handler(scheduler)
         if getattr(current, "_daskcollect", False):
             return  # another instance already wrapped it
         self._original = current
@@ -97,11 +97,11 @@ class GracefulRetirement(SharedPlugin):
             return await self._retire(kwargs)
 
         retire_workers._daskcollect = True  # type: ignore[attr-defined]
-        _dask.set_retire_handler(scheduler, retire_workers)
+        _internals.set_retire_handler(scheduler, retire_workers)
 
     async def close(self) -> None:
         if self._scheduler is not None and self._original is not None:
-            _dask.set_retire_handler(self._scheduler, self._original)
+            _internals.set_retire_handler(self._scheduler, self._original)
             self._original = None
 
     def _targets(self, kwargs: dict[str, Any]) -> list[str]:
@@ -112,8 +112,9 @@ class GracefulRetirement(SharedPlugin):
         given = kwargs.get("workers") if kwargs.get("workers") is not None else kwargs.get("names")
         if given is not None:
             wanted = {str(w) for w in given}
-            return [a for a, ws in scheduler.workers.items() if a in wanted or _named(str(ws.name), wanted)]
-        return list(scheduler.workers_to_close(n=kwargs.get("n"), memory_ratio=kwargs.get("memory_ratio")))
+            names = _internals.worker_addresses_by_name(scheduler)
+            return [a for a, name in names.items() if a in wanted or _named(name, wanted)]
+        return _internals.workers_to_close(scheduler, kwargs.get("n"), kwargs.get("memory_ratio"))
 
     async def _retire(self, kwargs: dict[str, Any]) -> Any:
         scheduler = self._scheduler
@@ -136,7 +137,7 @@ class GracefulRetirement(SharedPlugin):
                     busy,
                     self.timeout,
                 )
-        if busy and _dask.is_self_retirement(kwargs):
+        if busy and _internals.is_self_retirement(kwargs):
             # Dask removes the worker at once, before the worker closes; a heartbeat
             # in between is answered "missing", and the worker then closes its
             # nanny too, so a --lifetime-restart worker never comes back
@@ -217,7 +218,7 @@ class RetirementWatcher:
             await asyncio.wait_for(slot.actor.close(), self.timeout)
         except Exception as exc:  # the worker may already be closing: releasing is what matters
             logger.debug("closing retiring collector %d: %s", slot.index, exc)
-        await _dask.cancel(self.client, [slot.future], reason="daskcollect: worker retiring")
+        await _internals.cancel(self.client, [slot.future], reason="daskcollect: worker retiring")
         logger.info("collector %d released: its worker %s is retiring", slot.index, slot.address)
 
     def take_retired(self, wait: bool) -> list[Slot]:

@@ -27,8 +27,8 @@ from typing import Any
 from distributed import Client
 from distributed.comm import connect
 from distributed.protocol import to_serialize
-from distributed.utils import sync
 
+from daskcollect import _internals
 from daskcollect.worker.stream import OPEN, Sender
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class CompletionStreams:
         whose worker could not be reached (their first request reports the collector lost)."""
         if not streams:
             return []
-        return sync(self.client.loop, self._open_all, streams, callback_timeout=self.timeout + 5)
+        return _internals.sync(self.client.loop, self._open_all, streams, callback_timeout=self.timeout + 5)
 
     async def _open_all(self, streams: list[tuple[int, str, str]]) -> list[int]:
         opened = await asyncio.gather(*(self._open(*s) for s in streams))
@@ -143,7 +143,7 @@ class CompletionStreams:
             return
         self._closed = True
         with contextlib.suppress(Exception):  # a client whose loop stopped has no streams left
-            sync(self.client.loop, self._close_all, callback_timeout=timeout)
+            _internals.sync(self.client.loop, self._close_all, callback_timeout=timeout)
 
     async def _close_all(self) -> None:
         for uid in list(self._readers):

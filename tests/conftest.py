@@ -40,7 +40,7 @@ from helpers import children, environment
 from leaks import SessionCluster, infrastructure, kill, leftovers, machine
 
 import daskcollect  # noqa: F401  (registers the daskcollect config defaults)
-from daskcollect import _dask
+from daskcollect import _internals
 
 # Bounded waits, shorter than pytest-timeout's, so a hang fails with our error.
 TEST_TIMEOUTS = {
@@ -190,7 +190,7 @@ def make_cluster():
         running = c.scheduler is not None and c.scheduler.status.name == "running"
         with contextlib.suppress(Exception):
             c.close(timeout=10 if running else 1)
-        _dask.stop_loop(c)  # a close that timed out raised before stopping the cluster's event loop
+        _internals.stop_loop(c)  # a close that timed out raised before stopping the cluster's event loop
     for pid in children() - before:  # whatever a broken cluster left behind
         with contextlib.suppress(psutil.NoSuchProcess):
             psutil.Process(pid).kill()

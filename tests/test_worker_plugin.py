@@ -9,8 +9,8 @@ import os
 import torch
 from distributed import LocalCluster
 
-from daskcollect import DaskCollector, _dask
-from daskcollect._dask import HEARTBEAT_FAILURE, QuietHeartbeatAtClose
+from daskcollect import DaskCollector, _internals
+from daskcollect._internals import HEARTBEAT_FAILURE, QuietHeartbeatAtClose
 from daskcollect.settings import WorkerSettings
 from daskcollect.testing import make_cartpole, make_env_reading_variable
 from daskcollect.worker.plugin import WorkerSetup
@@ -86,7 +86,7 @@ def test_foreign_scratch_dirs_are_trimmed_and_restored(client):
 
 def test_tick_interval_relaxed_while_registered_and_restored(client):
     def tick_ms(dask_worker):  # read through daskcollect's one accessor of it (tests/test_dask_internals.py)
-        return _dask.tick_callback(dask_worker).callback_time
+        return _internals.tick_callback(dask_worker).callback_time
 
     before = client.run(tick_ms)
     with DaskCollector(make_cartpole, frames_per_batch=10, total_frames=20, client=client):
@@ -97,7 +97,7 @@ def test_tick_interval_relaxed_while_registered_and_restored(client):
 def quiet_filters() -> int:
     import logging
 
-    from daskcollect._dask import QuietHeartbeatAtClose
+    from daskcollect._internals import QuietHeartbeatAtClose
 
     return sum(isinstance(f, QuietHeartbeatAtClose) for f in logging.getLogger("distributed.worker").filters)
 

@@ -23,9 +23,9 @@ from typing import Any
 
 from distributed import Client
 from distributed.comm.addressing import get_address_host
-from distributed.utils import sync
 from tensordict import TensorDictBase
 
+from daskcollect import _internals
 from daskcollect.weights import tree
 from daskcollect.weights.payload import Sent, WeightsPayload
 
@@ -47,7 +47,9 @@ class ScatterRef:
         payload = tree.held(worker, self.key)
         if payload is None:
             # A Future made in an actor thread never resolves: ask the holders directly.
-            payload = sync(worker.loop, tree.fetch, worker, self.key, self.holders, callback_timeout=timeout)
+            payload = _internals.sync(
+                worker.loop, tree.fetch, worker, self.key, self.holders, callback_timeout=timeout
+            )
         return payload.weights
 
 
@@ -94,7 +96,7 @@ class ScatterTransport:
         left_out: list[str] = []
         if len(heads) > 1:
             copy, left = tree.copy_along_tree, max(deadline - time.monotonic(), 0.0)
-            left_out = sync(self.client.loop, copy, self.client, future.key, heads, deadline,
+            left_out = _internals.sync(self.client.loop, copy, self.client, future.key, heads, deadline,
                             callback_timeout=left + 1)  # fmt: skip
             if left_out:  # gone or going: the liveness checks deal with their collectors
                 logger.info("weights version %d did not reach %s", version, left_out)
@@ -109,5 +111,5 @@ class ScatterTransport:
             return
         deadline = time.monotonic() + timeout
         with contextlib.suppress(Exception):  # a client that lost its scheduler: the workers go too
-            sync(self.client.loop, tree.drop, self.client, keys, sorted(self._workers), deadline,
+            _internals.sync(self.client.loop, tree.drop, self.client, keys, sorted(self._workers), deadline,
                  callback_timeout=timeout + 1)  # fmt: skip

@@ -31,7 +31,7 @@ from typing import Any
 from distributed.comm.addressing import get_address_host
 from distributed.protocol import to_serialize
 
-from daskcollect import _dask
+from daskcollect import _internals
 
 #: Versions each worker holds (a collector told of a version may read it as the next one arrives).
 KEEP = 3
@@ -62,7 +62,7 @@ def held(worker: Any, key: str) -> Any | None:
     payload = _held.get(key)
     if payload is None:
         with contextlib.suppress(KeyError):
-            payload = worker.data[key]
+            payload = _internals.local_data(worker, key)
     return payload
 
 
@@ -81,7 +81,7 @@ def install(worker: Any) -> None:
 
     async def daskcollect_weights_pull(key: str, source: str) -> dict:
         if held(worker, key) is None:
-            answer = await worker.rpc(source).daskcollect_weights_get(key=key)
+            answer = await _internals.rpc(worker, source).daskcollect_weights_get(key=key)
             if answer.get("status") != "OK":
                 return {"status": "missing"}
             hold(key, answer["payload"])
@@ -92,7 +92,7 @@ def install(worker: Any) -> None:
         return len(dropped)
 
     handlers = (daskcollect_weights_get, daskcollect_weights_pull, daskcollect_weights_drop)
-    _dask.add_handlers(worker, {f.__name__: f for f in handlers})
+    _internals.add_handlers(worker, {f.__name__: f for f in handlers})
 
 
 async def drop(client: Any, keys: list[str], addresses: list[str], deadline: float) -> None:
@@ -100,7 +100,10 @@ async def drop(client: Any, keys: list[str], addresses: list[str], deadline: flo
     left or does not answer in time is skipped: its copies went, or go, with it)."""
     left = max(deadline - time.monotonic(), 0.01)
     await asyncio.gather(
-        *(asyncio.wait_for(client.rpc(a).daskcollect_weights_drop(keys=keys), left) for a in addresses),
+        *(
+            asyncio.wait_for(_internals.rpc(client, a).daskcollect_weights_drop(keys=keys), left)
+            for a in addresses
+        ),
         return_exceptions=True,
     )
 
@@ -120,7 +123,7 @@ async def copy_along_tree(client: Any, key: str, addresses: list[str], deadline:
     """
 
     async def copy(source: str, target: str) -> None:
-        answer = await client.rpc(target).daskcollect_weights_pull(key=key, source=source)
+        answer = await _internals.rpc(client, target).daskcollect_weights_pull(key=key, source=source)
         if answer.get("status") != "OK":
             raise OSError(f"{target} could not fetch {key} from {source}")
 
@@ -154,10 +157,10 @@ async def fetch(worker: Any, key: str, holders: tuple[str, ...]) -> Any:
     """
     for address in nearest_first(worker, holders):
         with contextlib.suppress(Exception):  # a holder that left, or runs no collector any more: the next
-            answer = await worker.rpc(address).daskcollect_weights_get(key=key)
+            answer = await _internals.rpc(worker, address).daskcollect_weights_get(key=key)
             if answer.get("status") == "OK":
                 hold(key, answer["payload"])
                 return answer["payload"]
-    payload = await _dask.fetch_from_peers(worker, key, partial(nearest_first, worker))
+    payload = await _internals.fetch_from_peers(worker, key, partial(nearest_first, worker))
     hold(key, payload)
     return payload

@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from distributed import get_worker
 from distributed.protocol import Serialized
-from distributed.utils import sync
 from tensordict import TensorDictBase
 
+from daskcollect import _internals
 from daskcollect.errors import RolloutError, SharedFilesystemError
 from daskcollect.memmap import check_writable, write_batch
 from daskcollect.weights import tree
@@ -193,7 +193,7 @@ class CollectorActor:
         timeout = self.spec.weights_timeout
         if inspect.isawaitable(call) and not hasattr(call, "result"):
             # The buffer's actor is on this worker: Dask hands its coroutine over directly.
-            sync(self._worker.loop, lambda: call, callback_timeout=timeout)
+            _internals.sync(self._worker.loop, lambda: call, callback_timeout=timeout)
         else:
             call.result(timeout=timeout)
 

@@ -20,7 +20,7 @@ import sys
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from daskcollect import _dask
+from daskcollect import _internals
 from daskcollect.settings import WorkerSettings
 
 #: The names of the requests daskcollect adds to its workers (completion streams, the weights' tree).
@@ -80,7 +80,7 @@ class WorkerSetup(WorkerPlugin):
         self._saved: dict[str, str | None] = {}
         self._trimmed: list[tuple[int, str]] = []  # (position, entry), to put each back where it was
         self._tick_ms: float | None = None
-        self._quiet: _dask.QuietHeartbeatAtClose | None = None
+        self._quiet: _internals.QuietHeartbeatAtClose | None = None
 
     async def setup(self, worker):
         self._saved = {k: os.environ.get(k) for k in self.env}
@@ -90,19 +90,19 @@ class WorkerSetup(WorkerPlugin):
             foreign = set(foreign_scratch_dirs(sys.path, getattr(worker, "local_directory", None)))
             self._trimmed = [(i, p) for i, p in enumerate(sys.path) if p in foreign]
             sys.path[:] = [p for p in sys.path if p not in foreign]
-        tick = _dask.tick_callback(worker) if worker is not None else None
+        tick = _internals.tick_callback(worker) if worker is not None else None
         if self.tick_interval is not None and tick is not None:
             self._tick_ms = tick.callback_time
             tick.callback_time = self.tick_interval * 1000  # read at the next scheduling
         if worker is not None:
-            self._quiet = _dask.QuietHeartbeatAtClose(worker)
+            self._quiet = _internals.QuietHeartbeatAtClose(worker)
             logging.getLogger("distributed.worker").addFilter(self._quiet)
 
     @staticmethod
     def _forget(worker) -> None:
         """What the collectors added to the worker, once no collection uses it: the requests their
         streams and the weights' tree answer, and the weights copies the tree holds."""
-        _dask.remove_handlers(worker, HANDLER_PREFIX)
+        _internals.remove_handlers(worker, HANDLER_PREFIX)
         tree = sys.modules.get("daskcollect.weights.tree")
         if tree is not None:
             tree.forget_all()
@@ -118,7 +118,7 @@ class WorkerSetup(WorkerPlugin):
             if path not in sys.path:
                 sys.path.insert(position, path)
         self._trimmed = []
-        tick = _dask.tick_callback(worker) if worker is not None else None
+        tick = _internals.tick_callback(worker) if worker is not None else None
         if self._tick_ms is not None and tick is not None:
             tick.callback_time = self._tick_ms
         self._tick_ms = None

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from daskcollect import _internals
 from daskcollect.monitoring.stats import TIME_PARTS
 
 
@@ -135,10 +136,13 @@ class TimeSplit:
         compiled = getattr(collector, "compiled_policy", False) or getattr(
             collector, "cudagraphed_policy", False
         )
-        if env is None or compiled or not hasattr(collector, "_wrapped_policy_uncompiled"):
+        if env is None or compiled:
+            return False
+        if not _internals.wrap_collector_policy(
+            collector, lambda policy: _Timed(policy, self.clock, "policy")
+        ):
             return False
         env.step_and_maybe_reset = _Timed(env.step_and_maybe_reset, self.clock, "env")
-        collector._wrapped_policy = _Timed(collector._wrapped_policy_uncompiled, self.clock, "policy")
         return True
 
     def start(self) -> None:

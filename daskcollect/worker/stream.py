@@ -11,7 +11,7 @@ for the collector's life:
   async depth of them queued, so the collector runs rollout after rollout
   without waiting for the next request.
 - Each rollout runs through Dask's own actor runner
-  (:func:`daskcollect._dask.run_actor_method`), in the actor's thread, with the
+  (:func:`daskcollect._internals.run_actor_method`), in the actor's thread, with the
   worker context that ``distributed.get_worker()`` reads, one at a time and in
   order. The rollout is serialized there too (:func:`serialized`).
 - Each answer (Dask's ``{"status": ..., "result" | "exception": ...}``) is pushed
@@ -34,7 +34,7 @@ from distributed.comm import CommClosedError
 from distributed.core import Status
 from distributed.protocol import Serialize, Serialized, maybe_compress, serialize, to_serialize
 
-from daskcollect import _dask
+from daskcollect import _internals
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ def install(worker: Any) -> None:
             out.abort()
         return Status.dont_reply
 
-    _dask.add_handlers(worker, {OPEN: daskcollect_stream})
+    _internals.add_handlers(worker, {OPEN: daskcollect_stream})
 
 
 async def _run(worker: Any, actor: str, requests: asyncio.Queue, out: Sender) -> None:
@@ -148,7 +148,7 @@ async def _run(worker: Any, actor: str, requests: asyncio.Queue, out: Sender) ->
     while True:
         weights = await requests.get()
         try:
-            answer = await _dask.run_actor_method(worker, actor, "rollout_serialized", weights)
+            answer = await _internals.run_actor_method(worker, actor, "rollout_serialized", weights)
         except KeyError:  # the actor was released: the driver has dropped this collector
             return
         except Exception as exc:  # raised outside the rollout (Dask's runner): still an answer

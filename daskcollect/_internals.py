@@ -1,15 +1,20 @@
-"""Every use of Dask's private internals, in one place and checked against the installed version.
+"""The fence: every use of a private API of Dask, TorchRL or tensordict, in one place.
 
-daskcollect needs ten things that ``distributed`` does not offer publicly. Each
-accessor below checks that the internal is still there and raises
-:class:`~daskcollect.errors.DaskVersionError`, naming it and the versions
-daskcollect was tested with, instead of an ``AttributeError`` deep inside a
-rollout. :func:`check_version` warns once when the installed ``distributed``
-is outside the tested range.
+daskcollect needs a few things that ``distributed``, ``torchrl`` and
+``tensordict`` do not offer publicly. Each accessor below checks that the
+internal is still there. Where a public fallback exists it takes it (TorchRL's
+and tensordict's, and ``sync``); where none does, it raises
+:class:`~daskcollect.errors.DaskVersionError`, naming the internal and the
+versions daskcollect was tested with, instead of an ``AttributeError`` deep
+inside a rollout. ``tests/test_internals.py`` checks each one against the
+installed releases, so that a release that changes one fails loudly there.
+:func:`check_version` warns once when the installed ``distributed`` is outside
+the tested range.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import warnings
 from collections.abc import Callable
@@ -34,7 +39,7 @@ def check_version() -> None:
     _warned = True
     warnings.warn(
         f"daskcollect was tested with distributed>={TESTED[0]},<{TESTED[1]} and finds "
-        f"{distributed.__version__}. It relies on a few Dask internals (daskcollect._dask); if one "
+        f"{distributed.__version__}. It relies on a few Dask internals (daskcollect._internals); if one "
         "changed you will get a DaskVersionError naming it. Install a tested version to be safe.",
         RuntimeWarning,
         stacklevel=3,
@@ -214,3 +219,101 @@ async def fetch_from_peers(worker: Any, key: str, order: Callable[[list[str]], l
         if response.get("status") == "OK" and key in response["data"]:
             return response["data"][key]
     raise KeyError(f"{key} is held by no live worker ({holders})")
+
+
+def drop_periodic_callbacks(server: Any, names: tuple[str, ...]) -> list[str]:
+    """Stops and removes ``server``'s periodic callbacks of those ``names``; the names it had."""
+    try:
+        callbacks = server.periodic_callbacks
+    except AttributeError as exc:
+        raise _missing(f"{type(server).__name__}.periodic_callbacks", exc) from None
+    dropped = [name for name in names if name in callbacks]
+    for name in dropped:
+        callbacks.pop(name).stop()
+    return dropped
+
+
+def worker_addresses_by_name(scheduler: Any) -> dict[str, str]:
+    """Each worker's address and its name, as the scheduler knows them."""
+    try:
+        return {address: str(ws.name) for address, ws in scheduler.workers.items()}
+    except AttributeError as exc:
+        raise _missing("Scheduler.workers / WorkerState.name", exc) from None
+
+
+def workers_to_close(scheduler: Any, n: int | None, memory_ratio: float | None) -> list[str]:
+    """The workers Dask's ``retire_workers(n=..., memory_ratio=...)`` would choose."""
+    try:
+        choose = scheduler.workers_to_close
+    except AttributeError as exc:
+        raise _missing("Scheduler.workers_to_close", exc) from None
+    return list(choose(n=n, memory_ratio=memory_ratio))
+
+
+def local_data(worker: Any, key: str) -> Any | None:
+    """The value of ``key`` in the worker's memory, or ``None``."""
+    try:
+        data = worker.data
+    except AttributeError as exc:
+        raise _missing("Worker.data", exc) from None
+    return data[key] if key in data else None
+
+
+def rpc(owner: Any, address: str) -> Any:
+    """A pooled RPC to ``address`` from a ``Worker`` or a ``Client`` (``rpc(...).<handler>(...)``)."""
+    try:
+        pool = owner.rpc
+    except AttributeError as exc:
+        raise _missing(f"{type(owner).__name__}.rpc", exc) from None
+    return pool(address)
+
+
+def sync(loop: Any, func: Callable, *args: Any, callback_timeout: float | None = None, **kwargs: Any) -> Any:
+    """Runs the coroutine function ``func`` on the event loop ``loop`` (a Tornado ``IOLoop`` in another
+    thread) and returns its result, as Dask's own ``sync`` does; asyncio's public equivalent where
+    Dask's is gone."""
+    try:
+        from distributed.utils import sync as dasks
+    except ImportError:
+        future = asyncio.run_coroutine_threadsafe(func(*args, **kwargs), loop.asyncio_loop)
+        try:
+            return future.result(callback_timeout)
+        except TimeoutError:
+            future.cancel()
+            raise
+    return dasks(loop, func, *args, callback_timeout=callback_timeout, **kwargs)
+
+
+# --- TorchRL and tensordict ---------------------------------------------------
+def default_exploration_type() -> Any:
+    """TorchRL collectors' default ``exploration_type`` (``ExplorationType.RANDOM`` where TorchRL
+    no longer keeps it in ``torchrl.collectors._constants``)."""
+    try:
+        from torchrl.collectors._constants import DEFAULT_EXPLORATION_TYPE
+    except ImportError:
+        from torchrl.envs.utils import ExplorationType
+
+        return ExplorationType.RANDOM
+    return DEFAULT_EXPLORATION_TYPE
+
+
+def wrap_collector_policy(collector: Any, wrap: Callable[[Callable], Callable]) -> bool:
+    """Makes a TorchRL ``Collector`` call ``wrap(policy)`` instead of its (uncompiled) policy.
+
+    Returns:
+        ``False``, changing nothing, where the collector keeps its policy
+        elsewhere (another TorchRL release): the caller then goes without.
+    """
+    if not hasattr(collector, "_wrapped_policy_uncompiled") or not hasattr(collector, "_wrapped_policy"):
+        return False
+    collector._wrapped_policy = wrap(collector._wrapped_policy_uncompiled)
+    return True
+
+
+def tensordict_unchecked() -> Callable:
+    """``TensorDict._new_unsafe``: builds a TensorDict without re-checking its leaves' shapes and
+    devices (about 4 us against 24 us for the public constructor on a rollout batch); the public
+    constructor where tensordict has no such method."""
+    from tensordict import TensorDict
+
+    return getattr(TensorDict, "_new_unsafe", TensorDict)
