@@ -49,14 +49,17 @@ class ClusterHandle:
     """Our Client, and the private cluster when we started one.
 
     Attributes:
-        client: Our own ``Client(direct_to_workers=True)``.
+        client: Our own ``Client(direct_to_workers=True)``, closed with the
+            collection; a user's ``Client`` is never closed nor changed.
         cluster: The private ``LocalCluster``, or ``None`` for a user's cluster.
+        given: The user's ``Client``, where one was given.
         plugins: The worker plugins registered through :meth:`register_plugin`,
             removed from a user's cluster at :meth:`close`.
     """
 
     client: Client
     cluster: LocalCluster | None = None
+    given: Client | None = None
     plugins: list[str] = field(default_factory=list)
     _drained: threading.Event = field(default_factory=threading.Event, repr=False)
     _token: str = field(default_factory=lambda: uuid.uuid4().hex, repr=False)
@@ -301,7 +304,7 @@ def _connect_existing(options: ClusterOptions, timeout: float) -> ClusterHandle:
             f"Could not connect to {where} within {timeout:g}s ({type(exc).__name__}: {exc}). {hint}",
             address=address,
         ) from exc
-    return ClusterHandle(client)
+    return ClusterHandle(client, given=target if isinstance(target, Client) else None)
 
 
 def _probe(address: str, security: Any, timeout: float) -> None:

@@ -208,7 +208,7 @@ class DaskCollector(BaseCollector):
         self._reporter: Reporter | None = None
         self._last_count = 0
         #: The engine (actors, weights, failure policy); public for tests and tools.
-        self.engine: Engine | None = None
+        self._engine: Engine | None = None
         self.settings = Settings.load()
         self.spec = CollectionSpec.from_keywords(self.settings, keywords)
         self.logger = check_logger(logger)
@@ -270,8 +270,8 @@ class DaskCollector(BaseCollector):
         )
         self._leases = [held for held in leases if held is not None]
         module = self.policy if isinstance(self.policy, torch.nn.Module) else None
-        self.engine = Engine(client, spec, settings, n, recipes, module)
-        self.engine.start()
+        self._engine = Engine(client, spec, settings, n, recipes, module)
+        self._engine.start()
         self._share_cores()
 
     def _share_cores(self) -> None:
@@ -286,8 +286,8 @@ class DaskCollector(BaseCollector):
         if setting is None:
             return
         if setting == "auto":
-            slots = self.engine.pool.slots
-            if self.engine.router.probe is not None:
+            slots = self._engine.pool.slots
+            if self._engine.router.probe is not None:
                 here = sum(s.on_driver_host for s in slots)
             else:  # no probe: only a private cluster is known to be on this host
                 here = len(slots) if self._handle.cluster is not None else 0
@@ -302,8 +302,12 @@ class DaskCollector(BaseCollector):
     # --- properties -------------------------------------------------------
     @property
     def client(self):
-        """Our ``distributed.Client`` (``direct_to_workers=True``)."""
-        return self._handle.client if self._handle else None
+        """The ``distributed.Client`` given as ``client=``; else daskcollect's own, which it closes at
+        shutdown (``None`` once closed). daskcollect talks to the cluster through a ``Client`` of its
+        own, with ``direct_to_workers=True``, even when given one: the user's stays as it was."""
+        if self._handle is None:
+            return None
+        return self._handle.given or self._handle.client
 
     @property
     def dashboard_link(self) -> str | None:
@@ -312,9 +316,9 @@ class DaskCollector(BaseCollector):
     @property
     def num_collectors(self) -> int:
         """The live collectors (follows the cluster when it grows or shrinks; the last count once shut down)."""
-        if self._closed or self.engine is None:
+        if self._closed or self._engine is None:
             return self._last_count
-        self._last_count = len(self.engine.pool.slots)
+        self._last_count = len(self._engine.pool.slots)
         return self._last_count
 
     @property
@@ -325,12 +329,12 @@ class DaskCollector(BaseCollector):
     @property
     def policy_version(self) -> int:
         """The version of the latest weights sent (0: those shipped at start)."""
-        return self.engine.router.version if self.engine else 0
+        return self._engine.router.version if self._engine else 0
 
     @property
     def workers(self) -> list[str]:
         """The worker address of each collector, in collector order."""
-        return [s.address for s in self.engine.pool.slots] if self.engine else []
+        return [s.address for s in self._engine.pool.slots] if self._engine else []
 
     @property
     def closed(self) -> bool:
@@ -377,7 +381,7 @@ class DaskCollector(BaseCollector):
     def _check_open(self) -> None:
         """Raises what ended the background collection, or if the collector was shut down."""
         self._background.raise_error()
-        if self._closed or self.engine is None:
+        if self._closed or self._engine is None:
             raise CollectorClosedError(
                 "This DaskCollector was shut down. Build a new DaskCollector to collect again."
             )
@@ -389,7 +393,7 @@ class DaskCollector(BaseCollector):
 
     def _finish_pass(self) -> None:
         """Ends the pass once the rollouts in flight are in (they are yielded, nothing is lost)."""
-        self._pass_limit = self._pass_batches + self.engine.pool.num_inflight
+        self._pass_limit = self._pass_batches + self._engine.pool.num_inflight
 
     def iterator(self) -> Iterator[TensorDictBase | MemmapBatch | None]:
         self._check_open()
@@ -409,9 +413,9 @@ class DaskCollector(BaseCollector):
 
     def _batches(self) -> Iterator[TensorDictBase | MemmapBatch | None]:
         if self.spec.batch.sync:
-            source = SyncIteration(self.engine, self._remaining)
+            source = SyncIteration(self._engine, self._remaining)
         else:
-            source = AsyncIteration(self.engine, self._remaining, self.settings.async_depth)
+            source = AsyncIteration(self._engine, self._remaining, self.settings.async_depth)
         for rollouts in source:
             self._iter += 1
             self._pass_batches += 1
@@ -421,7 +425,7 @@ class DaskCollector(BaseCollector):
 
     def _emit(self, rollouts: list[Rollout]) -> TensorDictBase | MemmapBatch | None:
         """Turns one batch's rollouts (in collector order) into what the iterator yields."""
-        sync, rb, ledger = self.spec.batch.sync, self.replay_buffer, self.engine.ledger
+        sync, rb, ledger = self.spec.batch.sync, self.replay_buffer, self._engine.ledger
         if ledger is not None:
             shape = rollouts[0].batch_size
             size = torch.Size([len(rollouts), *shape]) if sync else shape
@@ -495,8 +499,8 @@ class DaskCollector(BaseCollector):
             :class:`~daskcollect.monitoring.stats.CollectorStats`.
         """
         out: dict[str, Any] = dict(super().stats())
-        if self.engine is not None:
-            out.update(self.engine.stats().as_dict())
+        if self._engine is not None:
+            out.update(self._engine.stats().as_dict())
         return out
 
     def _snapshot(self) -> dict[str, Any]:
@@ -551,7 +555,7 @@ class DaskCollector(BaseCollector):
                 "There are no weights to send: this collector was built without a policy. "
                 "Pass them, e.g. collector.update_policy_weights_(TensorDict.from_module(policy))."
             )
-        self.engine.send_weights(source, self.engine.select(worker_ids))
+        self._engine.send_weights(source, self._engine.select(worker_ids))
 
     # --- seeds and state ----------------------------------------------------
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
@@ -566,29 +570,29 @@ class DaskCollector(BaseCollector):
             The seed returned by the last collector.
         """
         self._check_open()
-        return self.engine.set_seed(seed, static_seed)
+        return self._engine.set_seed(seed, static_seed)
 
     def state_dict(self) -> OrderedDict:
         """Each collector's state dict, and the driver's counters."""
         self._check_open()
         return OrderedDict(
-            collectors=self.engine.pool.call_all("state_dict"),
+            collectors=self._engine.pool.call_all("state_dict"),
             frames=self._frames,
             iterations=self._iter + 1,
-            policy_version=self.engine.router.version,
+            policy_version=self._engine.router.version,
         )
 
     def load_state_dict(self, state_dict: OrderedDict | Sequence[dict]) -> None:
         """Loads what :meth:`state_dict` returned (or a list, one per collector)."""
         self._check_open()
-        pool = self.engine.pool
+        pool = self._engine.pool
         if isinstance(state_dict, (list, tuple)):
             per_collector = list(state_dict)
         else:
             per_collector = list(state_dict["collectors"])
             self._frames = state_dict.get("frames", self._frames)
             self._iter = state_dict.get("iterations", self._iter + 1) - 1
-            self.engine.router.version = state_dict.get("policy_version", self.engine.router.version)
+            self._engine.router.version = state_dict.get("policy_version", self._engine.router.version)
         slots = pool.slots
         if len(per_collector) != len(slots):
             raise ConfigurationError(
@@ -613,11 +617,11 @@ class DaskCollector(BaseCollector):
         with contextlib.suppress(Exception):  # a stuck rollout: closing the actors ends it
             self._background.stop(timeout)
         self._closed = True
-        if self.engine is not None:
-            self._last_count = len(self.engine.pool.slots)
+        if self._engine is not None:
+            self._last_count = len(self._engine.pool.slots)
             if self._reporter is not None:
                 self._reporter.close(self._snapshot)
-            self.engine.close(timeout)
+            self._engine.close(timeout)
         for held in self._leases:  # the last collection on the scheduler removes the plugins
             held.release()
         self._leases = []

@@ -164,9 +164,11 @@ def test_replay_buffer_feed(client):
 
 def test_shutdown_idempotent_and_leaves_users_cluster(client):
     collector = DaskCollector(make_cartpole, frames_per_batch=50, total_frames=100, client=client)
+    assert collector.client is client  # the user's, as given
     assert sum(len(v) for v in actors_on(client).values()) == 2
     next(iter(collector))
     collector.shutdown()
+    assert collector.client is client and client.status == "running"  # left open, as given
     collector.shutdown()  # twice is fine
     assert wait_until(lambda: sum(len(v) for v in actors_on(client).values()) == 0)
     plugins = client.run(lambda dask_worker: list(dask_worker.plugins))
