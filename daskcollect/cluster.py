@@ -30,7 +30,7 @@ from distributed.comm import connect as comm_connect
 from distributed.security import Security
 
 from daskcollect import _internals
-from daskcollect.errors import ClusterConnectionError, NotEnoughWorkersError
+from daskcollect.errors import ClusterConnectionError, ConfigurationError, NotEnoughWorkersError
 from daskcollect.main_guard import check_main_guard
 from daskcollect.options import ClusterOptions
 from daskcollect.polling import poll_until
@@ -259,7 +259,7 @@ def _local_cluster(options: ClusterOptions, n_workers: int, settings: Settings) 
     try:
         return PrivateCluster(**kwargs, scheduler_timeout=settings.timeouts.connect)
     except RuntimeError as exc:  # SpecCluster wraps what failed its start
-        if isinstance(exc.__cause__, ClusterConnectionError):
+        if isinstance(exc.__cause__, (ClusterConnectionError, ConfigurationError)):
             raise exc.__cause__ from None
         raise
 

@@ -9,8 +9,10 @@ trains (docs/benchmarks.md, P7). :class:`SchedulerProcess`
 is the ``SpecCluster`` scheduler spec that runs the same ``distributed.Scheduler``
 in a child process instead; the nannies and everything else stay as they are.
 
-The child is this module run with ``python -m``. It gets the scheduler's
-keywords, the driver's ``dask.config`` and ``sys.path`` through its stdin,
+The child is this module run with ``python -m``. It gets the driver's
+``dask.config`` as Dask hands config to its child processes
+(``dask.config.serialize`` in ``DASK_INTERNAL_INHERIT_CONFIG``), and the
+scheduler's keywords (a ``Security`` among them) and ``sys.path`` through its stdin,
 writes its address to a file, leaves Ctrl-C to the driver (which closes the
 cluster), and closes itself within a second or two if the driver dies.
 """
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import json
 import logging
 import os
@@ -35,7 +36,7 @@ import dask.config
 from distributed import Scheduler
 from distributed.deploy.spec import ProcessInterface
 
-from daskcollect.errors import ClusterConnectionError
+from daskcollect.errors import ClusterConnectionError, ConfigurationError
 from daskcollect.polling import apoll_until
 
 #: Seconds between the child's checks that the driver is still its parent.
@@ -50,15 +51,19 @@ class SchedulerProcess(ProcessInterface):
     Args:
         timeout: Seconds to wait for the scheduler's address.
         **kwargs: ``distributed.Scheduler``'s keywords (``LocalCluster``'s
-            scheduler options). They, the current ``dask.config`` and
-            ``sys.path`` must pickle.
+            scheduler options). They and ``sys.path`` must pickle, and the
+            current ``dask.config`` must be JSON, as Dask requires of config
+            it hands to a child process.
+
+    Raises:
+        ConfigurationError: If the current ``dask.config`` is not JSON.
     """
 
     def __init__(self, timeout: float = 30.0, **kwargs: Any):
         self.timeout = timeout
         self.kwargs = kwargs
         # Taken now: the cluster is built inside the caller's dask.config.set.
-        self.config = copy.deepcopy(dask.config.config)
+        self.config = _serialized_config(dask.config.config)
         self.process: subprocess.Popen | None = None
         self._folder: str | None = None
         super().__init__()
@@ -74,11 +79,13 @@ class SchedulerProcess(ProcessInterface):
         path = os.path.join(self._folder, "scheduler.json")
         payload = {
             "kwargs": {**self.kwargs, "scheduler_file": path},
-            "config": self.config,
             "sys_path": list(sys.path),
             "parent": os.getpid(),
         }
-        self.process = process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE)
+        env = {**os.environ, "DASK_INTERNAL_INHERIT_CONFIG": self.config}
+        self.process = process = subprocess.Popen(
+            [sys.executable, "-m", __name__], stdin=subprocess.PIPE, env=env
+        )
         assert process.stdin is not None
         with process.stdin:
             process.stdin.write(pickle.dumps(payload))
@@ -101,6 +108,24 @@ class SchedulerProcess(ProcessInterface):
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
         await super().close()
+
+
+def _serialized_config(config: dict) -> str:
+    """``config`` as Dask hands config to a child process (:func:`dask.config.serialize`)."""
+    try:
+        return dask.config.serialize(config)
+    except (TypeError, ValueError):
+        bad = []
+        for key, value in config.items():
+            try:
+                dask.config.serialize(value)
+            except (TypeError, ValueError):
+                bad.append(key)
+        raise ConfigurationError(
+            f"The private cluster's scheduler process gets dask.config as Dask hands config to child "
+            f"processes, as JSON, and these sections are not JSON: {bad}. Set them to plain values, or "
+            "set daskcollect.local-cluster.scheduler-process to false to run the scheduler in this process."
+        ) from None
 
 
 def _read_identity(path: str) -> dict | None:
@@ -151,7 +176,6 @@ def _main() -> None:
     # Ctrl-C reaches the whole process group: the driver handles it and closes us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.path[:] = payload["sys_path"]
-    dask.config.update(dask.config.config, payload["config"], priority="new")
     # As quiet as LocalCluster keeps an in-process scheduler (its silence_logs).
     logging.getLogger("distributed").setLevel(logging.WARNING)
     asyncio.run(_serve(payload["kwargs"], payload["parent"]))

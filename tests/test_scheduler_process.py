@@ -16,7 +16,7 @@ import psutil
 import pytest
 from helpers import SHARED_MEMORY, wait_until
 
-from daskcollect import ClusterConnectionError, DaskCollector
+from daskcollect import ClusterConnectionError, ConfigurationError, DaskCollector
 from daskcollect.testing import make_cartpole
 from daskcollect.weights.shm import remove_stale
 
@@ -55,6 +55,16 @@ def test_a_private_cluster_runs_its_scheduler_in_a_child_process_that_never_load
     assert seen["monitor age"] < 10  # the scheduler still monitors its own process
     assert "collector" in page.lower()  # the page plugin serves from the child's dashboard
     assert wait_until(lambda: not psutil.pid_exists(seen["pid"]), timeout=10)
+
+
+def test_a_config_dask_cannot_hand_to_a_child_is_a_clear_error_and_leaves_no_process():
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with dask.config.set({"users-section": {"a-callable": print}}):
+        with pytest.raises(ConfigurationError, match=r"not JSON: \['users-section'\].*scheduler-process"):
+            DaskCollector(make_cartpole, frames_per_batch=20, total_frames=100, num_collectors=1)
+    assert wait_until(
+        lambda: {p.pid for p in psutil.Process().children(recursive=True)} <= before, timeout=10
+    )
 
 
 def test_with_the_setting_off_the_scheduler_runs_in_the_driver():
