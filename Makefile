@@ -42,6 +42,7 @@ compat:
 	$(COMPAT)/bin/python -m pip install -q --upgrade pip
 	$(COMPAT)/bin/python -m pip install -q -r requirements/dev.txt
 	-$(COMPAT)/bin/python -m pip install -q --upgrade dask distributed torchrl tensordict
+	for p in dask distributed torchrl tensordict; do $(COMPAT)/bin/python -m pip index versions $$p 2>/dev/null | head -1; done
 	$(COMPAT)/bin/python -m pip list 2>/dev/null | grep -iE "^(dask|distributed|torch|torchrl|tensordict) "
 	$(COMPAT)/bin/python -m pytest tests -m "not slow" -p no:cacheprovider
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import dask.config
-from distributed import Client, LocalCluster, Nanny
+from distributed import Client, LocalCluster, Nanny, SpecCluster
 from distributed.comm import connect as comm_connect
 from distributed.security import Security
 
@@ -51,14 +51,14 @@ class ClusterHandle:
     Attributes:
         client: Our own ``Client(direct_to_workers=True)``, closed with the
             collection; a user's ``Client`` is never closed nor changed.
-        cluster: The private ``LocalCluster``, or ``None`` for a user's cluster.
+        cluster: The private cluster (a ``LocalCluster``, or its layout as a ``SpecCluster``), or ``None`` for a user's cluster.
         given: The user's ``Client``, where one was given.
         plugins: The worker plugins registered through :meth:`register_plugin`,
             removed from a user's cluster at :meth:`close`.
     """
 
     client: Client
-    cluster: LocalCluster | None = None
+    cluster: SpecCluster | None = None
     given: Client | None = None
     plugins: list[str] = field(default_factory=list)
     _drained: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -214,35 +214,54 @@ class DriverNanny(Nanny):
         _internals.drop_periodic_callbacks(self, NANNY_MONITORS)
 
 
-class PrivateCluster(LocalCluster):
-    """A ``LocalCluster`` whose scheduler runs in a child process (:class:`SchedulerProcess`).
+class PrivateCluster(SpecCluster):
+    """A ``SpecCluster`` that stops its event loop when its start fails (``SpecCluster`` closes what it
+    started then, but leaves the loop's thread running for the life of the process)."""
 
-    Args:
-        scheduler_timeout: Seconds to wait for the child scheduler's address.
-        *args: ``LocalCluster``'s.
-        **kwargs: ``LocalCluster``'s.
-    """
-
-    def __init__(self, *args: Any, scheduler_timeout: float, **kwargs: Any):
-        self._scheduler_timeout = scheduler_timeout
+    def __init__(self, *args: Any, **kwargs: Any):
         try:
             super().__init__(*args, **kwargs)
         except BaseException:
-            _internals.stop_loop(self)  # SpecCluster closed what it started, but not its event loop
+            _internals.stop_loop(self)
             raise
 
-    async def _start(self) -> None:
-        # LocalCluster builds the in-process Scheduler's spec; the same options go to the child.
-        if self.scheduler is None:
-            options = self.scheduler_spec.get("options", {})
-            self.scheduler_spec = {
-                "cls": SchedulerProcess,
-                "options": {**options, "timeout": self._scheduler_timeout},
-            }
-        await super()._start()
+
+def _private_cluster(kwargs: dict[str, Any], scheduler_timeout: float) -> SpecCluster:
+    """A ``LocalCluster``'s layout from Dask's public ``SpecCluster`` specs, its scheduler in a child
+    process (:class:`SchedulerProcess`): the same scheduler and nanny options that ``LocalCluster``
+    would build from ``kwargs`` (its keywords, as :func:`_local_cluster` gives them)."""
+    security = kwargs["security"]
+    if security is None:
+        security = Security()
+    elif security is True:
+        security = Security.temporary()
+    protocol = "tls://" if security.require_encryption else "tcp://"
+    dashboard = kwargs["dashboard_address"]
+    scheduler = {
+        "cls": SchedulerProcess,
+        "options": dict(
+            host=kwargs["host"], security=security, protocol=protocol, dashboard=dashboard is not None,
+            dashboard_address=dashboard, timeout=scheduler_timeout,
+        ),
+    }  # fmt: skip
+    worker = {
+        "cls": kwargs["worker_class"],
+        "options": dict(
+            host=kwargs["host"], nthreads=kwargs["threads_per_worker"], memory_limit=kwargs["memory_limit"],
+            resources=kwargs["resources"], security=security, protocol=protocol, dashboard=False,
+            silence_logs=logging.WARN,
+        ),
+    }  # fmt: skip
+    return PrivateCluster(
+        scheduler=scheduler,
+        workers=dict.fromkeys(range(kwargs["n_workers"]), worker),
+        worker=worker,
+        security=security,
+        silence_logs=logging.WARN,
+    )
 
 
-def _local_cluster(options: ClusterOptions, n_workers: int, settings: Settings) -> LocalCluster:
+def _local_cluster(options: ClusterOptions, n_workers: int, settings: Settings) -> SpecCluster:
     kwargs: dict[str, Any] = dict(
         n_workers=n_workers,
         worker_class=DriverNanny,
@@ -257,7 +276,7 @@ def _local_cluster(options: ClusterOptions, n_workers: int, settings: Settings) 
     if not settings.local_scheduler_process:
         return LocalCluster(**kwargs)
     try:
-        return PrivateCluster(**kwargs, scheduler_timeout=settings.timeouts.connect)
+        return _private_cluster(kwargs, scheduler_timeout=settings.timeouts.connect)
     except RuntimeError as exc:  # SpecCluster wraps what failed its start
         if isinstance(exc.__cause__, (ClusterConnectionError, ConfigurationError)):
             raise exc.__cause__ from None

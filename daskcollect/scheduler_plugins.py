@@ -119,6 +119,8 @@ class Lease:
         if not self._held:
             return
         self._held = False
+        if self.client.status != "running":  # no scheduler to ask: the disconnect releases it
+            return
         with contextlib.suppress(Exception):
             self.client.run_on_scheduler(release_lease, self.name, self.id, callback_timeout=self.timeout)
 
