@@ -4,7 +4,8 @@ The cluster's state (the scheduler's plugins, handlers, dashboard routes, event
 subscriptions and tasks; each worker's plugins, handlers, data, actors, log
 filters, environment, ``sys.path`` and event-loop tick) is read before a
 collection and after it, on an external scheduler (the session's cluster) and
-on a user's own ``LocalCluster``: the two are equal. Shared plugins stay while
+on a user's own ``LocalCluster``, around a sync and an async collection and one
+that feeds a ``DaskReplayBuffer``: the two are equal. Shared plugins stay while
 any collection holds a lease, and go with the last one, or with a driver that
 disconnects without giving its lease back.
 """
@@ -18,8 +19,9 @@ import sys
 import dask
 from distributed import Client
 from helpers import wait_until
+from torchrl.data import LazyTensorStorage
 
-from daskcollect import DaskCollector
+from daskcollect import DaskCollector, DaskReplayBuffer
 from daskcollect.membership import MEMBERSHIP_PLUGIN, MembershipEvents
 from daskcollect.monitoring.dashboard import MONITOR_PLUGIN
 from daskcollect.retirement import RETIREMENT_PLUGIN
@@ -83,6 +85,13 @@ def check_unchanged(client: Client) -> None:
     ):  # the Dask route: the workers hold copies
         assert collect(client, sync=True) == 200
         assert collect(client, sync=False) == 200
+    with DaskReplayBuffer(storage=LazyTensorStorage(1000), batch_size=8, client=client) as rb:
+        with DaskCollector(
+            make_cartpole, frames_per_batch=50, total_frames=200, num_collectors=2, replay_buffer=rb,
+            client=client,
+        ) as collector:  # fmt: skip
+            assert list(collector) == [None] * 4
+        assert len(rb) == 200
     wait_until(lambda: state(client) == before, timeout=10)
     assert differences(before, state(client)) == []
 
