@@ -1,4 +1,5 @@
-"""What every benchmark script shares: the result header (machine, versions, date) and where results go."""
+"""What every benchmark script shares: the result header (machine, versions, date), where results go,
+and the test suite's folder on ``sys.path`` (for its simulated hosts)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,16 @@ import json
 import os
 import platform
 import statistics
+import sys
 from typing import Any
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+#: The test suite's folder: the cross-host benchmarks use its simulated hosts (``tests/netns.py``),
+#: which are not part of the installed package.
+TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+if TESTS not in sys.path:
+    sys.path.append(TESTS)
 
 
 def header(benchmark: str, args: Any) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Across hosts: collection and weight fan-out over shaped links between simulated hosts.
 
 Four worker hosts and a scheduler host, each a Linux network namespace on one
-bridge (``daskcollect.netns``); the driver is this process, in the caller's
+bridge (``tests/netns.py``); the driver is this process, in the caller's
 namespace, so every batch and every weights version crosses a link. Each worker
 host runs ``--workers-per-host`` single-threaded ``dask worker`` processes. The
 links are shaped on every host's egress and on the driver's: ``netem`` with
@@ -40,10 +40,10 @@ from _common import header, save
 from broadcast import time_update
 from distributed import Client
 from driver_cost import measure, single_env_fps
+from netns import SimulatedHosts, has_netem, unavailable
 from tensordict.nn import TensorDictModule
 
 from daskcollect import DaskCollector
-from daskcollect.netns import SimulatedHosts, has_netem, unavailable
 from daskcollect.testing import BallastPolicy, SleepEnvMaker
 from daskcollect.weights import WeightsPayload, extract_weights
 

@@ -10,7 +10,7 @@ count:
   loopback (as in ``driver_cost.py --external``), so the driver process holds
   only the client;
 - ``dask-hosts`` (with ``--hosts H``, needs root and iproute2): the scheduler and
-  the workers on H simulated hosts (``daskcollect.netns``: Linux network
+  the workers on H simulated hosts (``tests/netns.py``: Linux network
   namespaces on one bridge, unshaped links), the workers spread evenly, so every
   batch crosses a host's link to the driver, as on a real cluster;
 - ``torchrl``: ``MultiAsyncCollector`` built with the same ``collector_class``.
@@ -33,10 +33,10 @@ import dask
 from _common import header, medians, save
 from distributed import Client
 from driver_cost import external_cluster, measure, stop
+from netns import SimulatedHosts, unavailable
 from torchrl.collectors import MultiAsyncCollector
 
 from daskcollect import DaskCollector
-from daskcollect.netns import SimulatedHosts, unavailable
 from daskcollect.testing import PrebuiltCollector, make_cartpole
 
 warnings.filterwarnings("ignore")

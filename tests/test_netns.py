@@ -15,9 +15,9 @@ import time
 import dask
 import pytest
 import torch
+from netns import FAST_FAILURE_ENV, SimulatedHosts, unavailable
 
 from daskcollect import DaskCollector
-from daskcollect.netns import FAST_FAILURE_ENV, SimulatedHosts, unavailable
 from daskcollect.testing import (
     make_cartpole,
     make_cartpole_in_worker_context,
