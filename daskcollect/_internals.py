@@ -268,20 +268,24 @@ def rpc(owner: Any, address: str) -> Any:
     return pool(address)
 
 
+try:
+    from distributed.utils import sync as _dasks_sync
+except ImportError:  # looked up once, not on every call
+    _dasks_sync = None
+
+
 def sync(loop: Any, func: Callable, *args: Any, callback_timeout: float | None = None, **kwargs: Any) -> Any:
     """Runs the coroutine function ``func`` on the event loop ``loop`` (a Tornado ``IOLoop`` in another
     thread) and returns its result, as Dask's own ``sync`` does; asyncio's public equivalent where
     Dask's is gone."""
+    if _dasks_sync is not None:
+        return _dasks_sync(loop, func, *args, callback_timeout=callback_timeout, **kwargs)
+    future = asyncio.run_coroutine_threadsafe(func(*args, **kwargs), loop.asyncio_loop)
     try:
-        from distributed.utils import sync as dasks
-    except ImportError:
-        future = asyncio.run_coroutine_threadsafe(func(*args, **kwargs), loop.asyncio_loop)
-        try:
-            return future.result(callback_timeout)
-        except TimeoutError:
-            future.cancel()
-            raise
-    return dasks(loop, func, *args, callback_timeout=callback_timeout, **kwargs)
+        return future.result(callback_timeout)
+    except TimeoutError:
+        future.cancel()
+        raise
 
 
 # --- TorchRL and tensordict ---------------------------------------------------

@@ -30,7 +30,6 @@ class MembershipEvents(SharedPlugin):
     the cluster; the last one out removes it)."""
 
     name = MEMBERSHIP_PLUGIN
-    idempotent = True
 
     def add_worker(self, scheduler: Any, worker: str) -> None:
         scheduler.log_event(JOINED_TOPIC, {"worker": worker})

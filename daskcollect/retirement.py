@@ -78,7 +78,6 @@ class GracefulRetirement(SharedPlugin):
     """
 
     name = RETIREMENT_PLUGIN
-    idempotent = True
 
     def __init__(self, timeout: float = 60.0) -> None:
         super().__init__()

@@ -84,7 +84,6 @@ class CollectorMonitor(SharedPlugin):
     """
 
     name = MONITOR_PLUGIN
-    idempotent = True
 
     def __init__(self, history: float = 300.0) -> None:
         super().__init__()

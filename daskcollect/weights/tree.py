@@ -61,8 +61,7 @@ def held(worker: Any, key: str) -> Any | None:
     """The payload of ``key`` if this worker holds it (daskcollect's copy, or Dask's data)."""
     payload = _held.get(key)
     if payload is None:
-        with contextlib.suppress(KeyError):
-            payload = _internals.local_data(worker, key)
+        payload = _internals.local_data(worker, key)
     return payload
 
 
