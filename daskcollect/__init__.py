@@ -6,6 +6,8 @@ The public names:
   Dask worker processes as actors;
 - :class:`MemmapBatch`, the handle yielded with ``output="memmap"``;
 - :class:`DaskReplayBuffer`, a TorchRL replay buffer living on a worker;
+- :class:`DaskWeightSyncScheme` and :class:`DaskWeightUpdater`, daskcollect's
+  weight route for TorchRL's ``weight_sync_schemes=`` / ``weight_updater=``;
 - the typed exceptions of :mod:`daskcollect.errors`.
 
 Importing daskcollect registers its defaults under ``dask.config``'s
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
     from daskcollect.collector import DaskCollector
     from daskcollect.memmap import MemmapBatch
     from daskcollect.replay_buffer import DaskReplayBuffer
+    from daskcollect.weights.scheme import DaskWeightSyncScheme, DaskWeightUpdater
 
 __version__ = "0.1.0"
 
@@ -52,6 +55,8 @@ _LAZY = {
     "DaskCollector": "daskcollect.collector",
     "DaskReplayBuffer": "daskcollect.replay_buffer",
     "MemmapBatch": "daskcollect.memmap",
+    "DaskWeightSyncScheme": "daskcollect.weights.scheme",
+    "DaskWeightUpdater": "daskcollect.weights.scheme",
 }
 
 
@@ -78,6 +83,8 @@ __all__ = [
     "DaskCollector",
     "DaskReplayBuffer",
     "DaskVersionError",
+    "DaskWeightSyncScheme",
+    "DaskWeightUpdater",
     "EndlessCollectionError",
     "EnvConstructionError",
     "MemmapBatch",

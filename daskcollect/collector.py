@@ -23,7 +23,7 @@ import sys
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -45,6 +45,7 @@ from daskcollect.scheduler_plugins import Lease
 from daskcollect.serialization import register_serializers
 from daskcollect.settings import Settings
 from daskcollect.spec import CollectionSpec
+from daskcollect.weights.scheme import DaskWeightSyncScheme
 from daskcollect.worker.plugin import WorkerSetup
 from daskcollect.worker.rollout import Rollout
 
@@ -102,6 +103,14 @@ class DaskCollector(BaseCollector):
             this many batches on its current weights; ``-1`` disables.
         track_policy_version: Write the weights' version under
             ``"policy_version"`` in every frame.
+        weight_sync_schemes: As in ``RayCollector``: ``{"policy": scheme}``.
+            The default is ``{"policy": DaskWeightSyncScheme()}``;
+            ``NoWeightSyncScheme()`` turns updates off, and a
+            ``RayWeightSyncScheme`` is replaced by a ``DaskWeightSyncScheme``.
+        weight_updater: As in ``RayCollector``: TorchRL's legacy
+            ``WeightUpdaterBase`` (instance or class), e.g.
+            :class:`~daskcollect.DaskWeightUpdater` or your subclass of it,
+            instead of ``weight_sync_schemes``.
         client: A ``distributed.Client``, a scheduler address, or ``None`` for
             a private loopback ``LocalCluster`` closed at shutdown.
         scheduler_file: A scheduler file, instead of ``client``.
@@ -177,6 +186,8 @@ class DaskCollector(BaseCollector):
         update_after_each_batch: bool = False,
         max_weight_update_interval: int = -1,
         track_policy_version: bool = False,
+        weight_sync_schemes: Mapping[str, Any] | None = None,
+        weight_updater: Any = None,
         client: Any = None,
         scheduler_file: str | None = None,
         worker_env: dict[str, str] | None = None,
@@ -222,6 +233,11 @@ class DaskCollector(BaseCollector):
         self.replay_buffer = replay_buffer
         self.postproc = postproc
         self.split_trajs = split_trajs
+        self._weight_sync_schemes = (
+            None if self.spec.weights.schemes is None else dict(self.spec.weights.schemes)
+        )
+        if self.spec.weights.updater is not None:
+            self.weight_updater = self.spec.weights.updater  # BaseCollector registers us with it
         self._frames = 0
         self._iter = -1
         self._pass_batches = 0
@@ -270,7 +286,11 @@ class DaskCollector(BaseCollector):
         )
         self._leases = [held for held in leases if held is not None]
         module = self.policy if isinstance(self.policy, torch.nn.Module) else None
-        self._engine = Engine(client, spec, settings, n, recipes, module)
+        self._engine = Engine(client, spec, settings, n, recipes, module, push=self._refresh_weights)
+        for model_id, scheme in (self._weight_sync_schemes or {}).items():
+            scheme.init_on_sender(model_id=model_id, context=self, publish=self._publish)
+            if isinstance(scheme, DaskWeightSyncScheme):
+                scheme.connect()
         self._engine.start()
         self._share_cores()
 
@@ -522,9 +542,10 @@ class DaskCollector(BaseCollector):
         worker_ids: int | Sequence[int] | None = None,
         **kwargs: Any,
     ) -> None:
-        """Sends new policy weights to the collectors, written once per route.
+        """Sends new policy weights to the collectors through ``weight_sync_schemes`` or ``weight_updater``.
 
-        Collectors on the driver's host read them from one shared-memory file
+        With the default :class:`~daskcollect.DaskWeightSyncScheme`, collectors
+        on the driver's host read the weights from one shared-memory file
         written once; collectors on other hosts get one Dask scatter,
         replicated between their workers. Each collector loads them in place
         before its next rollout (a rollout already running finishes on the
@@ -536,26 +557,38 @@ class DaskCollector(BaseCollector):
             weights: Keyword form for weights.
             policy: Keyword form for a module.
             worker_ids: A collector index or a list of them; default all.
+            **kwargs: TorchRL's ``model_id`` / ``weights_dict``; the only model is ``"policy"``.
 
         Raises:
-            ConfigurationError: If there are no weights to send or the
-                arguments conflict.
+            ConfigurationError: If there are no weights to send, they do not
+                fit the policy, or the arguments conflict.
         """
         self._check_open()
-        if kwargs.get("weights_dict") is not None or kwargs.get("model_id") not in (None, "policy"):
-            raise ConfigurationError(
-                "DaskCollector syncs a single policy: pass its weights, without weights_dict or model_id."
-            )
         given = [x for x in (policy_or_weights, weights, policy) if x is not None]
         if len(given) > 1:
             raise ConfigurationError("Pass weights once: positionally, as weights= or as policy=.")
-        source = given[0] if given else self.policy
-        if source is None:
+        models = set(kwargs.get("weights_dict") or ()) | {kwargs.get("model_id") or "policy"}
+        if models != {"policy"}:
             raise ConfigurationError(
-                "There are no weights to send: this collector was built without a policy. "
-                "Pass them, e.g. collector.update_policy_weights_(TensorDict.from_module(policy))."
+                f"DaskCollector syncs one model, 'policy'; got {sorted(models)}. Pass the policy's "
+                "weights without weights_dict or model_id."
             )
-        self._engine.send_weights(source, self._engine.select(worker_ids))
+        weights_dict = kwargs.pop("weights_dict", None)
+        kwargs.pop("model_id", None)
+        source = given[0] if given else (weights_dict or {}).get("policy")
+        super().update_policy_weights_(source, worker_ids=worker_ids, **kwargs)
+
+    def _publish(self, weights: Any, worker_ids: list[int] | None) -> None:
+        """Writes ``weights`` once per route as a new version for ``worker_ids`` (``None``: all)."""
+        self._check_open()
+        self._engine.send_weights(weights, self._engine.select(worker_ids))
+
+    def _collector_indices(self) -> list[int]:
+        return [slot.index for slot in self._engine.select(None)]
+
+    def _refresh_weights(self, slots: list) -> None:
+        """``update_after_each_batch`` / ``max_weight_update_interval``: the driver's policy to ``slots``."""
+        self.update_policy_weights_(self.policy, worker_ids=[slot.index for slot in slots])
 
     # --- seeds and state ----------------------------------------------------
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
@@ -622,6 +655,8 @@ class DaskCollector(BaseCollector):
             if self._reporter is not None:
                 self._reporter.close(self._snapshot)
             self._engine.close(timeout)
+        for scheme in (self._weight_sync_schemes or {}).values():
+            scheme.shutdown()
         for held in self._leases:  # the last collection on the scheduler removes the plugins
             held.release()
         self._leases = []

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ from daskcollect.pool import ActorPool, CollectorLost, Slot
 from daskcollect.retirement import RetirementWatcher
 from daskcollect.settings import Settings
 from daskcollect.spec import CollectionSpec
+from daskcollect.weights import scheme as weight_scheme
 from daskcollect.weights.payload import extract_weights
 from daskcollect.weights.router import WeightRouter
 from daskcollect.weights.scatter import ScatterTransport
@@ -66,8 +67,12 @@ class Engine:
         settings: The validated ``daskcollect`` settings.
         num_collectors: How many collectors to start.
         recipes: One cloudpickled recipe per collector index.
-        weights_source: The driver's policy module, whose weights
-            ``update_after_each_batch`` / ``max_weight_update_interval`` push.
+        weights_source: The driver's policy module: updates must fit its
+            weights, and ``update_after_each_batch`` /
+            ``max_weight_update_interval`` refresh only where there is one.
+        push: How those refreshes are sent (the collector's
+            ``update_policy_weights_``, through its scheme or updater);
+            default: straight to the router.
         pool, router, watcher: Built here by default; given by tests that
             drive the engine against a small fake pool.
     """
@@ -81,6 +86,7 @@ class Engine:
         recipes: list[bytes],
         weights_source: Any = None,
         *,
+        push: Callable[[list[Slot]], None] | None = None,
         pool: ActorPool | None = None,
         router: WeightRouter | None = None,
         watcher: RetirementWatcher | None = None,
@@ -91,6 +97,7 @@ class Engine:
         self.telemetry = Telemetry(settings.episode_window)
         self._recipes = dict(enumerate(recipes))
         self._weights_source = weights_source
+        self._push = push or (lambda slots: self.send_weights(weights_source, slots))
         self._known_workers: set[str] = set()
         follow_events = spec.follow and client is not None
         self._joins = (
@@ -116,6 +123,7 @@ class Engine:
             weights_timeout=settings.timeouts.weights,
             gc_freeze=settings.worker.gc_freeze,
             replay_buffer=getattr(spec.output.replay_buffer, "actor", None),
+            weight_receiver=weight_scheme.receiver(spec.weights.updater, spec.weights.schemes),
         )
         self.pool = pool or ActorPool(client, settings, template, spec.cluster.worker_resources)
         self.watcher = watcher or RetirementWatcher(client, self.pool, settings.timeouts.call)
@@ -343,7 +351,7 @@ class Engine:
         else:
             return
         if stale:
-            self.send_weights(source, stale)
+            self._push(stale)
 
     # --- seeds, stats, close --------------------------------------------------
     def set_seed(self, seed: int, static_seed: bool = False) -> int:

@@ -78,11 +78,16 @@ class WeightOptions:
             many batches since its last update is refreshed; ``-1`` disables.
         track_policy_version: Write the weights' version under the
             ``"policy_version"`` key of every frame.
+        updater: TorchRL's legacy ``weight_updater``, or ``None``.
+        schemes: TorchRL's ``weight_sync_schemes`` (``{"policy": scheme}``),
+            or ``None`` with an ``updater``.
     """
 
     update_after_each_batch: bool = False
     max_weight_update_interval: int = -1
     track_policy_version: bool = False
+    updater: Any = None
+    schemes: Mapping[str, Any] | None = None
 
     def __post_init__(self):
         if not isinstance(self.max_weight_update_interval, int) or self.max_weight_update_interval < -1:

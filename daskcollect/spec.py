@@ -21,6 +21,7 @@ from daskcollect.errors import ConfigurationError
 from daskcollect.memmap import check_writable
 from daskcollect.options import BatchOptions, ClusterOptions, FaultOptions, OutputOptions, WeightOptions
 from daskcollect.settings import Settings
+from daskcollect.weights import scheme as weight_scheme
 from daskcollect.worker.recipe import CollectorRecipe
 
 _COLLECTOR_ALIASES = {"single": Collector, "sync": MultiSyncCollector, "async": MultiAsyncCollector}
@@ -29,8 +30,6 @@ _COLLECTOR_ALIASES = {"single": Collector, "sync": MultiSyncCollector, "async": 
 RAY_ONLY = (
     "ray_init_config",
     "remote_configs",
-    "weight_updater",
-    "weight_sync_schemes",
     "weight_recv_schemes",
 )
 _DEVICES = ("device", "storing_device", "env_device", "policy_device")
@@ -172,9 +171,11 @@ class CollectionSpec:
         batch = BatchOptions(
             kw["frames_per_batch"], kw["total_frames"], bool(kw["sync"]), kw["split_trajs"], kw["postproc"]
         )
+        updater, schemes = weight_scheme.resolve(kw["weight_updater"], kw["weight_sync_schemes"])
         weights = WeightOptions(
-            kw["update_after_each_batch"], kw["max_weight_update_interval"], bool(kw["track_policy_version"])
-        )
+            kw["update_after_each_batch"], kw["max_weight_update_interval"], bool(kw["track_policy_version"]),
+            updater, schemes,
+        )  # fmt: skip
         cluster = ClusterOptions(
             kw["client"],
             kw["scheduler_file"],

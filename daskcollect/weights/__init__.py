@@ -7,7 +7,9 @@
 - :mod:`~daskcollect.weights.shm`: one write into shared memory for workers on
   the driver's host;
 - :mod:`~daskcollect.weights.scatter`: one Dask scatter for workers elsewhere,
-  copied host to host along a binomial tree (:mod:`~daskcollect.weights.tree`).
+  copied host to host along a binomial tree (:mod:`~daskcollect.weights.tree`);
+- :mod:`~daskcollect.weights.scheme`: the route as TorchRL's ``WeightSyncScheme``
+  and legacy ``WeightUpdaterBase``, for ``weight_sync_schemes=`` / ``weight_updater=``.
 
 Both transports answer :meth:`send` with a :class:`~daskcollect.weights.payload.Sent`
 whose ``ref`` travels with a rollout call and is read on the worker.

@@ -8,6 +8,7 @@ trajectory ids are unique across the whole collection.
 
 from __future__ import annotations
 
+import copy
 import gc
 import inspect
 import threading
@@ -92,18 +93,31 @@ class CollectorActor:
 
     def _load(self, ref: WeightsRef) -> None:
         weights = ref.read(self._worker, self.spec.weights_timeout)
-        self._collector.update_policy_weights_(weights)
+        self._apply(weights)
         self.policy_version = ref.version
         if self.spec.restart_env_on_error:
             self._weights = weights.clone()  # the received memory is not ours to keep
 
+    def _apply(self, weights: TensorDictBase) -> None:
+        """Hands ``weights`` to the collector's receiving scheme, and the collector takes them (TorchRL's flow)."""
+        if self._receiver is None:
+            self._collector.update_policy_weights_(weights)
+            return
+        self._receiver.deliver(weights)
+        self._collector.receive_weights()
+
     def _build(self) -> None:
         self._collector = self._recipe.build(self.where)
+        self._receiver = None
+        if self.spec.weight_receiver is not None:
+            # A fresh copy per collector built: a scheme binds to the collector it serves.
+            self._receiver = copy.deepcopy(self.spec.weight_receiver)
+            self._collector.register_scheme_receiver({"policy": self._receiver})
         self._split.instrument(self._collector)
         self._episodes.reset()
         self._iterator = iter(self._collector)
         if self._weights is not None:
-            self._collector.update_policy_weights_(self._weights)
+            self._apply(self._weights)
 
     def _rebuild_after(self, exc: BaseException) -> str:
         """Drops the broken collector and builds a fresh one (``on_env_error="restart"``)."""

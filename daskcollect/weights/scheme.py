@@ -1,0 +1,269 @@
+"""TorchRL's weight-sync keywords on Dask: daskcollect's route as a ``WeightSyncScheme`` and as an updater.
+
+``DaskCollector`` takes ``weight_sync_schemes=`` and ``weight_updater=`` as
+``RayCollector`` does:
+
+- :class:`DaskWeightSyncScheme` is the default for ``"policy"``, as
+  ``RayWeightSyncScheme`` is Ray's. On the driver, :meth:`~DaskWeightSyncScheme.send`
+  publishes through the collection's weight router (one shared-memory write
+  for the driver's host, one Dask scatter for the others). On each worker, a
+  copy is registered on the TorchRL collector with ``register_scheme_receiver``,
+  and the collector's ``receive_weights()`` takes the weights a rollout call
+  brought and cascades them as TorchRL does (to the processes of an inner
+  ``Multi*Collector`` too).
+- TorchRL's ``NoWeightSyncScheme`` turns updates off.
+- ``RayWeightSyncScheme`` (code written for Ray) becomes a
+  :class:`DaskWeightSyncScheme` with the same strategy, with a warning.
+- :class:`DaskWeightUpdater` is the same route in TorchRL's legacy
+  ``WeightUpdaterBase`` form. Any other subclass of ``WeightUpdaterBase`` that
+  the user wrote is called as RayCollector calls it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tensordict import TensorDict, TensorDictBase
+from torchrl.collectors import WeightUpdaterBase
+from torchrl.weight_update import NoWeightSyncScheme, RayWeightSyncScheme, WeightSyncScheme
+
+from daskcollect.errors import ConfigurationError
+
+#: How the driver publishes: ``publish(weights, worker_ids)``, ``None`` meaning every collector.
+Publish = Callable[[Any, "list[int] | None"], None]
+
+_NO_WEIGHTS = (
+    "There are no weights to send: this collector was built without a policy. Pass them, "
+    "e.g. collector.update_policy_weights_(TensorDict.from_module(policy))."
+)
+
+
+class _Mailbox:
+    """The receiving transport: holds the weights a rollout call brought until the scheme takes them."""
+
+    def __init__(self) -> None:
+        self._weights: TensorDictBase | None = None
+
+    def send_weights(self, weights: TensorDictBase) -> None:
+        self._weights = weights
+
+    def receive_weights(self, timeout: float | None = None, **_: Any) -> TensorDictBase | None:
+        weights, self._weights = self._weights, None
+        return weights
+
+    def setup_connection_and_weights_on_sender(self) -> None:
+        """Nothing to set up: the collectors start from the weights in their recipe."""
+
+    def setup_connection_and_weights_on_receiver(self, **_: Any) -> None:
+        """Nothing to set up: weights come with rollout calls."""
+
+
+class DaskWeightSyncScheme(WeightSyncScheme):
+    """daskcollect's weight route (shared memory on the driver's host, a Dask scatter elsewhere).
+
+    Pass it as ``weight_sync_schemes={"policy": DaskWeightSyncScheme()}``, or
+    subclass it (e.g. to map the weights in :meth:`prepare_weights`). Each
+    update is written once per route and versioned; a collector loads it
+    before its next rollout.
+
+    Args:
+        strategy: TorchRL's weight format, ``"tensordict"`` (default) or
+            ``"state_dict"``; both travel as one consolidated TensorDict.
+    """
+
+    def __init__(self, strategy: str = "tensordict"):
+        super().__init__(strategy)
+        self._publish: Publish | None = None
+
+    # --- the driver -----------------------------------------------------------
+    def _init_on_sender_impl(self, *, model_id: str, context: Any = None, publish: Publish | None = None,
+                             **_: Any) -> None:  # fmt: skip
+        if publish is None:
+            raise ConfigurationError(
+                "DaskWeightSyncScheme is set up by DaskCollector: pass it in weight_sync_schemes=."
+            )
+        self.model_id = model_id
+        self.context = context
+        self._publish = publish
+
+    def _setup_connection_and_weights_on_sender_impl(self, **_: Any) -> None:
+        """Nothing to exchange: every collector starts from the weights shipped in its recipe."""
+
+    def send(self, weights: Any = None, worker_ids: int | list[int] | None = None) -> None:
+        """Publishes ``weights`` (default: the driver's policy) as a new version to ``worker_ids`` (default all).
+
+        Returns once the weights are written; each collector loads them before
+        its next rollout.
+
+        Raises:
+            ConfigurationError: If there are no weights, or they do not fit the policy.
+        """
+        if not self.initialized_on_sender or self._publish is None:
+            raise RuntimeError(
+                "DaskWeightSyncScheme.send() runs on the driver, once DaskCollector set it up."
+            )
+        prepared = self.prepare_weights(weights, self.model_id, self.strategy, self.context)
+        if prepared is None or (isinstance(prepared, TensorDictBase) and prepared.is_empty()):
+            raise ConfigurationError(_NO_WEIGHTS)
+        if isinstance(prepared, Mapping) and not isinstance(prepared, TensorDictBase):
+            # A state_dict: dotted keys, nested as TensorDict.from_module nests them.
+            prepared = TensorDict(dict(prepared), batch_size=[]).unflatten_keys(".")
+        ids = [worker_ids] if isinstance(worker_ids, int) else worker_ids
+        self._publish(prepared, None if ids is None else list(ids))
+
+    # --- a worker ---------------------------------------------------------------
+    def _init_on_receiver_impl(self, *, model_id: str, context: Any = None, **_: Any) -> None:
+        self.model_id = model_id
+        self.context = context
+        self._register_transport_receiver(_Mailbox())
+
+    def _setup_connection_and_weights_on_receiver_impl(self, **_: Any) -> None:
+        """Nothing to exchange: the collector was built with its first weights; later ones come with calls."""
+
+    def create_transport(self, **_: Any) -> _Mailbox:
+        return _Mailbox()
+
+    def deliver(self, weights: TensorDictBase) -> None:
+        """Hands weights a rollout call brought to the receiving side; ``receive()`` then applies them."""
+        self.receiver_transport.send_weights(weights)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_publish"] = None  # the driver's handle stays on the driver
+        return state
+
+    def receive(self, timeout: float | None = None) -> TensorDictBase | None:
+        """Applies the delivered weights: the collector served takes them (and cascades them, as TorchRL does).
+
+        The policy the weights are for may live in the collector's own
+        processes (a ``policy_factory`` under ``Multi*Collector``), so the
+        weights go to the collector, never to a model resolved here.
+        """
+        if not self.initialized_on_receiver:
+            raise RuntimeError("DaskWeightSyncScheme.receive() runs on a worker's collector.")
+        weights = self.receiver_transport.receive_weights(timeout)
+        if weights is not None and self.context is not None:
+            self.context.update_policy_weights_(model_id=self.model_id or "policy", policy_or_weights=weights)
+        return weights
+
+    def shutdown(self) -> None:
+        self._publish = None
+        super().shutdown()
+
+
+with warnings.catch_warnings():
+    # TorchRL deprecates subclassing WeightUpdaterBase, but RayCollector still takes weight_updater=.
+    warnings.simplefilter("ignore", DeprecationWarning)
+
+    class DaskWeightUpdater(WeightUpdaterBase):
+        """daskcollect's weight route as TorchRL's legacy updater (``weight_updater=DaskWeightUpdater()``).
+
+        One update is written once for all the collectors it reaches (not once
+        per collector), after the hooks a subclass may override:
+        ``_get_server_weights`` (default: the driver's policy),
+        ``_maybe_map_weights`` and ``_skip_update(worker_id)``. Post-hooks run
+        after each update.
+        """
+
+        def _owner(self) -> Any:
+            collector = self.collector
+            if collector is None:
+                raise RuntimeError("This DaskWeightUpdater is not registered with a live DaskCollector.")
+            return collector
+
+        def all_worker_ids(self) -> list[int]:
+            """The indices of the live collectors."""
+            return self._owner()._collector_indices()
+
+        def _get_server_weights(self) -> Any:
+            policy = self._owner().policy
+            if policy is None:
+                raise ConfigurationError(_NO_WEIGHTS)
+            return policy
+
+        def _maybe_map_weights(self, policy_or_weights: Any) -> Any:
+            return policy_or_weights  # modules, TensorDicts and dicts are all taken as they are
+
+        def _push_weights(self, *, policy_or_weights: Any = None, worker_ids: Any = None) -> None:
+            weights = self._get_server_weights() if policy_or_weights is None else policy_or_weights
+            weights = self._maybe_map_weights(weights)
+            if isinstance(worker_ids, int):
+                worker_ids = [worker_ids]
+            ids = self.all_worker_ids() if worker_ids is None else list(worker_ids)
+            ids = [i for i in ids if not self._skip_update(i)]
+            if ids:
+                self._owner()._publish(weights, ids)
+
+        def _sync_weights_with_worker(self, *, worker_id: int | None = None, server_weights: Any) -> None:
+            self._owner()._publish(server_weights, None if worker_id is None else [worker_id])
+
+
+def _check_updater(updater: Any) -> None:
+    cls = updater if isinstance(updater, type) else type(updater)
+    if not (isinstance(cls, type) and issubclass(cls, WeightUpdaterBase)):
+        raise ConfigurationError(
+            f"weight_updater must be a torchrl WeightUpdaterBase (instance or class), got {cls.__name__}. "
+            "Use daskcollect.DaskWeightUpdater, or weight_sync_schemes=."
+        )
+    if not issubclass(cls, DaskWeightUpdater) and cls.__module__.startswith("torchrl."):
+        raise ConfigurationError(
+            f"weight_updater={cls.__name__} pushes weights over {cls.__module__}'s own channels, which do "
+            "not reach Dask actors. Pass daskcollect.DaskWeightUpdater() (or a subclass of it), or leave "
+            "weight_updater out."
+        )
+
+
+def _check_scheme(scheme: Any) -> WeightSyncScheme:
+    if isinstance(scheme, (DaskWeightSyncScheme, NoWeightSyncScheme)):
+        return scheme
+    if isinstance(scheme, RayWeightSyncScheme):
+        warnings.warn(
+            "RayWeightSyncScheme moves weights through Ray; DaskCollector uses "
+            f"DaskWeightSyncScheme(strategy={scheme.strategy_str!r}) in its place.",
+            stacklevel=5,
+        )
+        return DaskWeightSyncScheme(strategy=scheme.strategy_str)
+    raise ConfigurationError(
+        f"weight_sync_schemes['policy'] is a {type(scheme).__name__}, which cannot reach collectors that "
+        "are Dask actors. Use daskcollect.DaskWeightSyncScheme() (the default), NoWeightSyncScheme() to "
+        "turn updates off, or put the scheme in collector_kwargs['weight_sync_schemes'] for the "
+        "processes of an inner Multi*Collector."
+    )
+
+
+def resolve(weight_updater: Any, weight_sync_schemes: Any) -> tuple[Any, dict[str, WeightSyncScheme] | None]:
+    """Validates TorchRL's two weight keywords; returns ``(updater, schemes)``, one of them ``None``.
+
+    With neither, the scheme is ``{"policy": DaskWeightSyncScheme()}``.
+
+    Raises:
+        ConfigurationError: For both keywords at once, a model other than
+            ``"policy"``, or a scheme or updater that cannot reach Dask actors.
+    """
+    if weight_updater is not None and weight_sync_schemes is not None:
+        raise ConfigurationError(
+            "Pass weight_sync_schemes= or weight_updater=, not both (RayCollector would drop the updater)."
+        )
+    if weight_updater is not None:
+        _check_updater(weight_updater)
+        return weight_updater, None
+    if weight_sync_schemes is None:
+        return None, {"policy": DaskWeightSyncScheme()}
+    if not isinstance(weight_sync_schemes, Mapping) or set(weight_sync_schemes) != {"policy"}:
+        got = sorted(weight_sync_schemes) if isinstance(weight_sync_schemes, Mapping) else weight_sync_schemes
+        raise ConfigurationError(
+            f"weight_sync_schemes must map 'policy' (the one model DaskCollector syncs) to a scheme, got "
+            f"{got!r}. Pass {{'policy': DaskWeightSyncScheme()}}, or {{'policy': NoWeightSyncScheme()}} to "
+            "turn updates off."
+        )
+    return None, {"policy": _check_scheme(weight_sync_schemes["policy"])}
+
+
+def receiver(updater: Any, schemes: Mapping[str, WeightSyncScheme] | None) -> DaskWeightSyncScheme | None:
+    """The scheme each worker registers on its TorchRL collector (``None``: updates are off)."""
+    if updater is not None:
+        return DaskWeightSyncScheme()
+    scheme = (schemes or {}).get("policy")
+    return scheme if isinstance(scheme, DaskWeightSyncScheme) else None
