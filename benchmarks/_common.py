@@ -1,5 +1,5 @@
 """What every benchmark script shares: the result header (machine, versions, date), where results go,
-and the test suite's folder on ``sys.path`` (for its simulated hosts)."""
+and the test suite's folder on the path (its simulated hosts and its env makers)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,14 @@ from typing import Any
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
-#: The test suite's folder: the cross-host benchmarks use its simulated hosts (``tests/netns.py``),
-#: which are not part of the installed package.
+#: The test suite's folder: its simulated hosts (``tests/netns.py``) and env makers (``tests/makers.py``)
+#: are not part of the installed package. Workers unpickle the makers by reference, so every process
+#: started from here (``dask worker``, a cluster's workers, scripts) finds them on ``PYTHONPATH``.
 TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
 if TESTS not in sys.path:
     sys.path.append(TESTS)
+if TESTS not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)
 
 
 def header(benchmark: str, args: Any) -> dict[str, Any]:

@@ -39,10 +39,10 @@ import dask
 import torch
 from _common import header, save
 from distributed import Client, LocalCluster
+from makers import BallastPolicy, make_cartpole
 from tensordict.nn import TensorDictModule
 
 from daskcollect import DaskCollector
-from daskcollect.testing import BallastPolicy, make_cartpole
 from daskcollect.weights import WeightsPayload, extract_weights
 
 warnings.filterwarnings("ignore")

@@ -37,7 +37,7 @@ BIN = os.path.dirname(sys.executable)
 FIRST_BATCH = """
 import json, os, sys, time
 t0 = time.perf_counter()
-from daskcollect.testing import cartpole_policy, make_cartpole
+from makers import cartpole_policy, make_cartpole
 if __name__ == "__main__":  # MultiSyncCollector's spawned processes import this file again
     kind, n = sys.argv[1], int(sys.argv[2])
     if kind == "dask":

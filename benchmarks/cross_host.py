@@ -40,11 +40,11 @@ from _common import header, save
 from broadcast import time_update
 from distributed import Client
 from driver_cost import measure, single_env_fps
+from makers import BallastPolicy, SleepEnvMaker
 from netns import SimulatedHosts, has_netem, unavailable
 from tensordict.nn import TensorDictModule
 
 from daskcollect import DaskCollector
-from daskcollect.testing import BallastPolicy, SleepEnvMaker
 from daskcollect.weights import WeightsPayload, extract_weights
 
 warnings.filterwarnings("ignore")

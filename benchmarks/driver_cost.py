@@ -1,7 +1,7 @@
 """P7: the driver's CPU per batch, and frames/s against the ideal, as collectors are added.
 
 Setup, as in the scale issue: an env whose step sleeps --step seconds (almost
-no CPU: ``daskcollect.testing.SleepEnvMaker``), --frames-per-batch frames per
+no CPU: ``SleepEnvMaker`` in ``tests/makers.py``), --frames-per-batch frames per
 batch, async mode. For each collector count N, interleaved in one process:
 
 - ``dask``: ``DaskCollector(sync=False)`` on a private LocalCluster (its
@@ -41,10 +41,10 @@ import dask
 import psutil
 from _common import header, medians, save
 from distributed import Client
+from makers import SleepEnvMaker
 from torchrl.collectors import MultiAsyncCollector
 
 from daskcollect import DaskCollector
-from daskcollect.testing import SleepEnvMaker
 
 warnings.filterwarnings("ignore")
 

@@ -1,6 +1,6 @@
 """The scale envelope: how many batches per second one driver sustains.
 
-Each collector is a ``daskcollect.testing.PrebuiltCollector``: it returns the
+Each collector is a ``PrebuiltCollector`` (``tests/makers.py``): it returns the
 same batch (--frames-per-batch CartPole frames) at once, every time, so what
 is measured is the path around a rollout: the actor call, the transfer, the
 driver's bookkeeping. Async mode. Three sides, interleaved for each collector
@@ -33,11 +33,11 @@ import dask
 from _common import header, medians, save
 from distributed import Client
 from driver_cost import external_cluster, measure, stop
+from makers import PrebuiltCollector, make_cartpole
 from netns import SimulatedHosts, unavailable
 from torchrl.collectors import MultiAsyncCollector
 
 from daskcollect import DaskCollector
-from daskcollect.testing import PrebuiltCollector, make_cartpole
 
 warnings.filterwarnings("ignore")
 

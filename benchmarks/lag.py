@@ -19,9 +19,9 @@ import statistics
 import warnings
 
 from _common import header, save
+from makers import cartpole_policy, make_cartpole
 
 from daskcollect import DaskCollector
-from daskcollect.testing import cartpole_policy, make_cartpole
 
 warnings.filterwarnings("ignore")
 

@@ -20,9 +20,9 @@ import warnings
 
 import torch
 from _common import header, median_ratio, save
+from makers import cartpole_policy, make_cartpole
 from torchrl.collectors import Collector
 
-from daskcollect.testing import cartpole_policy, make_cartpole
 from daskcollect.worker.probes import EpisodeTracker, TimeSplit
 
 warnings.filterwarnings("ignore")

@@ -25,10 +25,10 @@ import warnings
 import psutil
 from _common import header, save
 from distributed import Client, LocalCluster
+from makers import make_pixel_env
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from daskcollect import DaskCollector, DaskReplayBuffer
-from daskcollect.testing import make_pixel_env
 
 warnings.filterwarnings("ignore")
 

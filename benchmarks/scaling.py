@@ -19,10 +19,10 @@ import time
 import warnings
 
 from _common import header, save
+from makers import SleepEnvMaker
 from torchrl.collectors import Collector, MultiAsyncCollector
 
 from daskcollect import DaskCollector
-from daskcollect.testing import SleepEnvMaker
 
 warnings.filterwarnings("ignore")
 

@@ -25,10 +25,10 @@ import warnings
 
 from _common import header, median_ratio, save
 from distributed import Client, LocalCluster
+from makers import cartpole_policy, make_cartpole
 from torchrl.collectors import MultiSyncCollector
 
 from daskcollect import DaskCollector
-from daskcollect.testing import cartpole_policy, make_cartpole
 
 warnings.filterwarnings("ignore")
 

@@ -29,11 +29,11 @@ import warnings
 
 import torch
 from _common import header, median_ratio, save
+from makers import ArgmaxPolicy
 from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollector
 from torchrl.envs import GymEnv
 
 from daskcollect import DaskCollector
-from daskcollect.testing import ArgmaxPolicy
 
 warnings.filterwarnings("ignore")
 

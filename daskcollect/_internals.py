@@ -241,6 +241,15 @@ def worker_addresses_by_name(scheduler: Any) -> dict[str, str]:
         raise _missing("Scheduler.workers / WorkerState.name", exc) from None
 
 
+def subscribed_topics(scheduler: Any) -> list[str]:
+    """The event topics that some client subscribes to on ``scheduler``."""
+    try:
+        topics = scheduler._broker._topics
+    except AttributeError as exc:
+        raise _missing("Scheduler._broker._topics", exc) from None
+    return sorted(str(name) for name, topic in topics.items() if topic.subscribers)
+
+
 def workers_to_close(scheduler: Any, n: int | None, memory_ratio: float | None) -> list[str]:
     """The workers Dask's ``retire_workers(n=..., memory_ratio=...)`` would choose."""
     try:

@@ -1,276 +1,121 @@
-"""Envs and policies that tests, examples and spawned workers import by name.
+"""Checks for your own tests: that a collection leaves a shared cluster as it found it.
 
-They live inside the package (as in tensordict) so that worker processes,
-which never see a test module, can unpickle them by reference.
+daskcollect removes what it adds to a cluster when the last collection using
+it shuts down (plugins, handlers, dashboard routes, stored weights, actors).
+On a cluster you share with other work, you can check that in your own test
+suite:
+
+    from daskcollect.testing import cluster_state, differences
+
+    before = cluster_state(client)
+    with DaskCollector(make_env, policy, frames_per_batch=200, total_frames=1000, client=client) as c:
+        for batch in c:
+            ...
+    assert differences(before, cluster_state(client)) == []
+
+The state covers the scheduler's plugins, handlers, ``retire_workers``
+handler, dashboard routes, event subscriptions and tasks, and on each worker
+its plugins, handlers, data keys, actors, log filters, environment,
+``sys.path`` and event-loop tick. Each worker first imports torch, tensordict,
+TorchRL's collectors and gymnasium (where installed), so that what importing
+them changes is not counted against the collection.
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
 import os
+import sys
+from collections.abc import Iterable
+from typing import Any
 
-import torch
-from distributed import get_worker
-from tensordict import TensorDict
-from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
-from torch import nn
-from torchrl.collectors import Collector
-from torchrl.data import Bounded, Categorical, Composite, Unbounded
-from torchrl.envs import EnvBase
+from daskcollect import _internals
 
-
-def make_cartpole():
-    """A TorchRL ``GymEnv('CartPole-v1')``."""
-    from torchrl.envs import GymEnv
-
-    return GymEnv("CartPole-v1")
+#: Imported on every worker before its state is read, where installed: importing them changes a process
+#: for good (TorchRL's import of Ray adds to ``sys.path``), which is not a collection's doing.
+IMPORTS = ("torch", "tensordict", "torchrl.collectors", "gymnasium")
+#: Set by importing pygame (a gymnasium renderer may import it late), not by a collection.
+IMPORT_SIDE_EFFECTS = ("PYGAME_HIDE_SUPPORT_PROMPT",)
 
 
-def make_pendulum():
-    """A TorchRL ``GymEnv('Pendulum-v1')``."""
-    from torchrl.envs import GymEnv
-
-    return GymEnv("Pendulum-v1")
-
-
-def make_env_reading_variable(name: str = "DASKCOLLECT_TEST_VAR"):
-    """A CartPole env that fails unless the environment variable ``name`` is set."""
-    if name not in os.environ:
-        raise RuntimeError(f"{name} is not set on this worker")
-    return make_cartpole()
-
-
-def failing_env():
-    """An env constructor that always raises."""
-    raise ValueError("this env constructor always fails")
+def scheduler_state(dask_scheduler: Any) -> dict[str, Any]:
+    """What a collection could leave behind on the scheduler (run there by :func:`cluster_state`)."""
+    app = dask_scheduler.http_application
+    return {
+        "plugins": sorted(dask_scheduler.plugins),
+        "handlers": sorted(dask_scheduler.handlers),
+        "retire_workers": repr(dask_scheduler.handlers["retire_workers"]),
+        "routes": [len(app.default_router.rules), len(app.wildcard_router.rules)],
+        "subscriptions": _internals.subscribed_topics(dask_scheduler),
+        "tasks": sorted(map(str, dask_scheduler.tasks)),
+    }
 
 
-class ArgmaxPolicy(nn.Module):
-    """A deterministic CartPole policy: one linear layer, one-hot argmax action."""
-
-    def __init__(self, n_obs: int = 4, n_act: int = 2):
-        super().__init__()
-        self.linear = nn.Linear(n_obs, n_act)
-
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        logits = self.linear(observation)
-        return nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(torch.int64)
-
-
-class BallastPolicy(ArgmaxPolicy):
-    """CartPole's argmax policy with ``nbytes`` of unused float32 weights (weight-transfer benchmarks)."""
-
-    def __init__(self, nbytes: int):
-        super().__init__()
-        self.ballast = nn.Parameter(torch.zeros(max(nbytes // 4 - 10, 1)))
-
-
-def cartpole_policy(seed: int = 0) -> TensorDictModule:
-    """A deterministic CartPole policy with seeded weights."""
-    torch.manual_seed(seed)
-    return TensorDictModule(ArgmaxPolicy(), in_keys=["observation"], out_keys=["action"])
+def worker_state(
+    dask_worker: Any, ignore_env: Iterable[str] = IMPORT_SIDE_EFFECTS, imports: Iterable[str] = IMPORTS
+) -> dict[str, Any]:
+    """What a collection could leave behind in a worker process (run there by :func:`cluster_state`)."""
+    for name in imports:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass  # not installed on this worker: a collection cannot have imported it either
+    ignored = set(ignore_env)
+    return {
+        "plugins": sorted(dask_worker.plugins),
+        "handlers": sorted(dask_worker.handlers),
+        "data": sorted(map(str, dask_worker.data)),
+        "actors": sorted(map(str, dask_worker.state.actors)),
+        "log filters": [repr(f) for f in logging.getLogger("distributed.worker").filters],
+        "environment": {k: v for k, v in os.environ.items() if k not in ignored},
+        "sys.path": list(sys.path),
+        "tick": dask_worker.periodic_callbacks["tick"].callback_time,
+    }
 
 
-def constant_action_policy(action: int) -> TensorDictModule:
-    """A CartPole policy that always picks ``action``, by its weights alone.
+def cluster_state(
+    client: Any,
+    timeout: float = 30.0,
+    ignore_env: Iterable[str] = IMPORT_SIDE_EFFECTS,
+    imports: Iterable[str] = IMPORTS,
+) -> dict[str, Any]:
+    """The scheduler's and every worker's state, to compare before and after a collection.
 
-    The bias decides the action, so changing the weights on the driver changes
-    the actions the workers take: a direct probe of weight updates.
+    Args:
+        client: A ``distributed.Client`` on the cluster.
+        timeout: Bound, in seconds, on each of the two round trips.
+        ignore_env: Environment variables left out of the workers' state
+            (set by imports, for example).
+        imports: Modules each worker imports first, where installed: a
+            module stays imported, and what its import changes is not the
+            collection's doing. Add the modules your envs import.
     """
-    module = ArgmaxPolicy()
-    with torch.no_grad():
-        module.linear.weight.zero_()
-        module.linear.bias.copy_(torch.tensor([1.0, 0.0] if action == 0 else [0.0, 1.0]))
-    return TensorDictModule(module, in_keys=["observation"], out_keys=["action"])
+    return {
+        "scheduler": client.run_on_scheduler(scheduler_state, callback_timeout=timeout),
+        "workers": client.run(
+            worker_state, ignore_env=tuple(ignore_env), imports=tuple(imports), callback_timeout=timeout
+        ),
+    }
 
 
-def set_constant_action(policy: TensorDictModule, action: int) -> None:
-    """Changes a :func:`constant_action_policy` in place."""
-    with torch.no_grad():
-        policy.module.linear.bias.copy_(torch.tensor([1.0, 0.0] if action == 0 else [0.0, 1.0]))
+def differences(before: dict[str, Any], after: dict[str, Any], where: str = "") -> list[str]:
+    """What changed between two :func:`cluster_state` results, one line per leaf.
 
-
-def worker_port() -> int:
-    """The port of the Dask worker whose context this code runs in.
-
-    Raises:
-        ValueError: Outside a worker's context (``distributed.get_worker()``'s "No worker found").
+    Returns:
+        ``"/path: before -> after"`` lines, or for lists the items removed and
+        added; an empty list when nothing changed.
     """
-    return int(get_worker().address.rsplit(":", 1)[1])
-
-
-class WorkerPort(nn.Module):
-    """Outputs, per frame, :func:`worker_port` as seen from inside the policy's forward."""
-
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        return torch.full(observation.shape[:-1], worker_port(), dtype=torch.int64)
-
-
-def worker_context_policy(action: int = 0) -> TensorDictSequential:
-    """:func:`constant_action_policy` (its first module) followed by :class:`WorkerPort`, which
-    writes ``"worker_port"``: user policy code that needs ``distributed.get_worker()``."""
-    return TensorDictSequential(
-        constant_action_policy(action),
-        TensorDictModule(WorkerPort(), in_keys=["observation"], out_keys=["worker_port"]),
-    )
-
-
-def make_cartpole_in_worker_context():
-    """CartPole whose constructor and every step call ``distributed.get_worker()``: they raise
-    outside a worker's context, or on another worker than the one that built the env."""
-    port = worker_port()
-    env = make_cartpole()
-    original = env._step
-
-    def _step(tensordict):
-        if worker_port() != port:
-            raise RuntimeError(f"the env built on worker port {port} steps on {worker_port()}")
-        return original(tensordict)
-
-    env._step = _step
-    return env
-
-
-def make_env_failing_after(steps: int = 50):
-    """A CartPole env whose ``step`` raises once it has run ``steps`` steps."""
-    env = make_cartpole()
-    calls = {"n": 0}
-    original = env._step
-
-    def _step(tensordict):
-        calls["n"] += 1
-        if calls["n"] > steps:
-            raise RuntimeError("step budget exhausted")
-        return original(tensordict)
-
-    env._step = _step
-    return env
-
-
-class PixelEnv(EnvBase):
-    """Random ``size x size x 3`` uint8 frames; episodes end after ``max_steps`` steps."""
-
-    def __init__(self, size: int = 84, max_steps: int = 50):
-        super().__init__(batch_size=torch.Size([]))
-        self.size, self.max_steps, self._t = size, max_steps, 0
-        self._rng = torch.Generator().manual_seed(0)
-        self.observation_spec = Composite(
-            pixels=Bounded(0, 255, shape=(size, size, 3), dtype=torch.uint8), shape=()
-        )
-        self.action_spec = Categorical(2, shape=())
-        self.reward_spec = Unbounded(shape=(1,))
-
-    def _frame(self) -> torch.Tensor:
-        return torch.randint(0, 256, (self.size, self.size, 3), dtype=torch.uint8, generator=self._rng)
-
-    def _reset(self, tensordict=None):
-        self._t = 0
-        done = torch.zeros(1, dtype=torch.bool)
-        return TensorDict({"pixels": self._frame(), "done": done, "terminated": done.clone()}, [])
-
-    def _step(self, tensordict):
-        self._t += 1
-        done = torch.tensor([self._t >= self.max_steps])
-        return TensorDict(
-            {"pixels": self._frame(), "reward": torch.ones(1), "done": done, "terminated": done.clone()}, []
-        )
-
-    def _set_seed(self, seed: int | None):
-        self._rng.manual_seed(int(seed or 0))
-
-
-def make_pixel_env(size: int = 84, max_steps: int = 50) -> PixelEnv:
-    """A TorchRL env with ``size x size x 3`` uint8 pixel observations (no gym needed)."""
-    return PixelEnv(size=size, max_steps=max_steps)
-
-
-def make_env_failing_once(flag: str, steps: int = 30):
-    """CartPole whose ``step`` raises once, in the first env to claim the ``flag`` file."""
-    return _once(make_cartpole(), flag, steps, lambda: (_ for _ in ()).throw(RuntimeError("env broke once")))
-
-
-def make_env_hanging_once(flag: str, steps: int = 30):
-    """CartPole whose ``step`` hangs (sleeps an hour) once, in the first env to claim ``flag``."""
-    import time
-
-    return _once(make_cartpole(), flag, steps, lambda: time.sleep(3600))
-
-
-def _once(env, flag: str, steps: int, action):
-    """Runs ``action`` inside ``step`` after ``steps`` steps, in one env only (the flag file's claimer)."""
-    calls = {"n": 0}
-    original = env._step
-
-    def _step(tensordict):
-        calls["n"] += 1
-        if calls["n"] == steps:
-            try:
-                os.close(os.open(flag, os.O_CREAT | os.O_EXCL))  # atomic: one env claims it
-            except FileExistsError:
-                return original(tensordict)
-            action()
-        return original(tensordict)
-
-    env._step = _step
-    return env
-
-
-class SleepEnvMaker:
-    """Builds CartPole whose ``step`` sleeps ``seconds`` (an env that waits, e.g. on a simulator).
-
-    Benchmarks use it to measure coordination overhead: the step costs wall
-    time but almost no CPU. A picklable class, so that it reaches any worker.
-    """
-
-    def __init__(self, seconds: float = 0.01):
-        self.seconds = seconds
-
-    def __call__(self):
-        import time
-
-        env = make_cartpole()
-        original, seconds = env._step, self.seconds
-
-        def _step(tensordict):
-            time.sleep(seconds)
-            return original(tensordict)
-
-        env._step = _step
-        return env
-
-
-class CountingPolicy(TensorDictModuleBase):
-    """Acts with its weight (1.0 at first), as the policy of TorchRL's distributed-collector tests.
-
-    Its action shows which weights a collector used: after ``weight.data += 1``
-    and an update, the new batches act with 2.
-    """
-
-    def __init__(self, weight: float = 1.0):
-        super().__init__()
-        self.weight = nn.Parameter(torch.tensor(weight))
-        self.in_keys = []
-        self.out_keys = ["action"]
-
-    def forward(self, tensordict):
-        tensordict.set("action", self.weight.expand(tensordict.shape).clone())
-        return tensordict
-
-
-def counting_policy_factory() -> CountingPolicy:
-    """Builds a :class:`CountingPolicy` on the worker (``policy_factory=``)."""
-    return CountingPolicy()
-
-
-class PrebuiltCollector(Collector):
-    """A TorchRL ``Collector`` that returns its first batch again, at once, every time.
-
-    ``benchmarks/envelope.py`` passes it as ``collector_class`` (to
-    ``DaskCollector`` and to ``MultiAsyncCollector``) to measure how many
-    batches per second the path around a rollout sustains (the call, the
-    transfer, the driver's bookkeeping) with no env in the way.
-    """
-
-    def iterator(self):
-        batch = next(super().iterator())
-        while True:
-            yield batch  # the same object, as TorchRL's multiprocess collectors expect
+    out = []
+    for key in sorted(set(before) | set(after), key=str):
+        a, b = before.get(key), after.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += differences(a, b, f"{where}/{key}")
+        elif isinstance(a, list) and isinstance(b, list) and a != b:
+            out.append(
+                f"{where}/{key}: removed {[x for x in a if x not in b]}, added {[x for x in b if x not in a]}"
+                + ("" if sorted(map(str, a)) != sorted(map(str, b)) else " (order)")
+            )
+        elif a != b:
+            out.append(f"{where}/{key}: {a!r} -> {b!r}")
+    return out

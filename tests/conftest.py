@@ -59,6 +59,10 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 WORKER_PRELOAD = os.path.join(TESTS, "worker_preload.py")
 #: Run by the session cluster's scheduler and nannies: they die with this process.
 GUARD = os.path.join(TESTS, "session_guard.py")
+# The suite's helpers and makers (pickled by reference) import in every process started from here,
+# as installed code would on a real cluster: workers, `dask worker` commands, simulated hosts.
+if TESTS not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)
 
 _session: SessionCluster | None = None
 
@@ -142,9 +146,7 @@ def cluster(_forkserver):
     inherited = dask.config.serialize(
         {"distributed": {"worker": {"daemon": False}}, "logging": {"distributed.scheduler": "warning"}}
     )
-    # The test modules' helpers (pickled by reference) import there as here: on a real cluster, installed.
-    path = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)
-    with environment(DASK_INTERNAL_INHERIT_CONFIG=inherited, PYTHONPATH=path):
+    with environment(DASK_INTERNAL_INHERIT_CONFIG=inherited):
         _session = SessionCluster(
             lambda: SubprocessCluster(
                 n_workers=2,

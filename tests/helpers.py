@@ -83,8 +83,9 @@ def collector_keywords(**overrides) -> dict:
     """Every keyword of ``DaskCollector`` at its default, for building a spec without a cluster."""
     import inspect
 
+    from makers import make_cartpole
+
     from daskcollect import DaskCollector
-    from daskcollect.testing import make_cartpole
 
     params = inspect.signature(DaskCollector.__init__).parameters
     kw = {n: p.default for n, p in params.items() if n not in ("self", "ray_only")}

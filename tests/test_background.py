@@ -6,10 +6,10 @@ import time
 
 import pytest
 from helpers import collectors_idle, wait_until
+from makers import make_cartpole, make_env_failing_after
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from daskcollect import ConfigurationError, DaskCollector, RolloutError
-from daskcollect.testing import make_cartpole, make_env_failing_after
 
 
 def idle(collector: DaskCollector) -> bool:

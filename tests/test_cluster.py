@@ -14,9 +14,9 @@ import psutil
 import pytest
 from distributed import Client
 from helpers import noise, wait_until
+from makers import make_cartpole
 
 from daskcollect import DaskCollector
-from daskcollect.testing import make_cartpole
 
 
 def test_address_and_scheduler_file(cluster, tmp_path):
@@ -166,9 +166,9 @@ def test_a_scheduler_file_that_never_appears_is_a_clear_error(tmp_path):
     import time
 
     import dask
+    from makers import make_cartpole
 
     from daskcollect import ClusterConnectionError, DaskCollector
-    from daskcollect.testing import make_cartpole
 
     path = str(tmp_path / "scheduler.json")
     start = time.monotonic()

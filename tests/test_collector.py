@@ -6,12 +6,12 @@ import dask
 import pytest
 import torch
 from helpers import actors_on, children, wait_until
+from makers import cartpole_policy, make_cartpole
 from tensordict import TensorDict
 from torchrl.collectors import BaseCollector, Collector
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from daskcollect import CollectorClosedError, DaskCollector, EndlessCollectionError
-from daskcollect.testing import cartpole_policy, make_cartpole
 from daskcollect.worker.rollout import TRAJ_ID_BITS
 
 
@@ -250,7 +250,7 @@ def test_a_collector_left_open_at_interpreter_exit_raises_nothing(cluster, tmp_p
         textwrap.dedent(
             f"""
             from daskcollect import DaskCollector
-            from daskcollect.testing import make_cartpole
+            from makers import make_cartpole
 
             if __name__ == "__main__":
                 collector = DaskCollector(make_cartpole, frames_per_batch=50, total_frames=100,

@@ -14,15 +14,15 @@ import pytest
 import torch
 from distributed import Client
 from helpers import NO_SCHEDULER
-
-from daskcollect import ClusterConnectionError, CollectorLostError, ConfigurationError, DaskCollector
-from daskcollect.testing import (
+from makers import (
     constant_action_policy,
     make_cartpole,
     make_env_failing_once,
     make_env_hanging_once,
     set_constant_action,
 )
+
+from daskcollect import ClusterConnectionError, CollectorLostError, ConfigurationError, DaskCollector
 from daskcollect.worker.rollout import TRAJ_ID_BITS
 
 FAST = {"daskcollect.restart-delay": "0.2s", "daskcollect.liveness-interval": "0.5s"}

@@ -9,6 +9,7 @@ import time
 import dask
 import pytest
 from helpers import NO_SCHEDULER, actors_on, children, wait_until
+from makers import cartpole_policy, failing_env, make_cartpole
 
 from daskcollect import (
     ClusterConnectionError,
@@ -21,7 +22,6 @@ from daskcollect import (
     PolicySerializationError,
     RolloutError,
 )
-from daskcollect.testing import cartpole_policy, failing_env, make_cartpole
 
 
 def no_actors(client) -> bool:
@@ -67,9 +67,9 @@ def test_env_constructor_raises_on_worker(client):
     assert time.monotonic() - start < 30
     message = str(info.value)
     assert "on worker tcp://127.0.0.1:" in message  # which worker
-    assert "daskcollect.testing.failing_env" in message  # which constructor
+    assert "makers.failing_env" in message  # which constructor
     assert "ValueError: this env constructor always fails" in message  # the original exception
-    assert "Traceback" in message and "testing.py" in message  # its traceback
+    assert "Traceback" in message and "makers.py" in message  # its traceback
     assert isinstance(info.value, RuntimeError)
     assert wait_until(lambda: no_actors(client))
 
@@ -131,7 +131,7 @@ def test_missing_resources(client):
 
 
 def test_rollout_error_names_worker_and_collector(client):
-    from daskcollect.testing import make_env_failing_after
+    from makers import make_env_failing_after
 
     with pytest.raises(RolloutError) as info:
         with DaskCollector(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import warnings
 
 import distributed
@@ -73,6 +74,13 @@ async def test_the_scheduler_and_worker_internals_answer_as_dask_does(c, s, a, b
     future = c.submit(int, 7, workers=[a.address], key="seven")
     await future
     assert _internals.local_data(a, "seven") == 7 and _internals.local_data(b, "seven") is None
+    assert "daskcollect-test-topic" not in _internals.subscribed_topics(s)
+    c.subscribe_topic("daskcollect-test-topic", lambda event: None)
+    for _ in range(500):  # the subscription travels on the client's batched stream: bounded wait
+        if "daskcollect-test-topic" in _internals.subscribed_topics(s):
+            break
+        await asyncio.sleep(0.01)
+    assert "daskcollect-test-topic" in _internals.subscribed_topics(s)
 
     async def daskcollect_test_echo(value: int) -> int:
         return value + 1
@@ -92,11 +100,10 @@ def test_sync_runs_a_coroutine_on_another_threads_loop(client):
 
 
 def test_torchrls_and_tensordicts_internals_are_where_the_fence_looks():
+    from makers import cartpole_policy, make_cartpole
     from tensordict import TensorDict
     from torchrl.collectors import Collector
     from torchrl.collectors._constants import DEFAULT_EXPLORATION_TYPE
-
-    from daskcollect.testing import cartpole_policy, make_cartpole
 
     assert _internals.default_exploration_type() is DEFAULT_EXPLORATION_TYPE
     assert _internals.tensordict_unchecked() == TensorDict._new_unsafe

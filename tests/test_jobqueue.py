@@ -12,9 +12,9 @@ import dask
 import pytest
 from distributed import Client
 from helpers import wait_until
+from makers import make_cartpole
 
 from daskcollect import DaskCollector
-from daskcollect.testing import make_cartpole
 
 jobqueue_local = pytest.importorskip("dask_jobqueue.local", reason="the 'jobqueue' extra is not installed")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

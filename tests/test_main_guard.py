@@ -20,7 +20,7 @@ def test_unguarded_script_gets_the_fix_not_the_nanny_log(tmp_path):
         tmp_path,
         """
         from daskcollect import DaskCollector
-        from daskcollect.testing import make_cartpole
+        from makers import make_cartpole
 
         collector = DaskCollector(make_cartpole, frames_per_batch=100, total_frames=200, num_collectors=1)
         """,

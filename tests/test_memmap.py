@@ -13,6 +13,7 @@ import pytest
 import torch
 from distributed import Client
 from helpers import NO_SCHEDULER, collectors_idle, wait_until
+from makers import cartpole_policy, make_cartpole, make_pixel_env
 from tensordict import MemoryMappedTensor, TensorDict
 from torchrl.collectors import Collector
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ListStorage, ReplayBuffer
@@ -27,7 +28,6 @@ from daskcollect import (
 from daskcollect.memmap import TMP_PREFIX, check_writable
 from daskcollect.pool import ActorPool
 from daskcollect.settings import Settings
-from daskcollect.testing import cartpole_policy, make_cartpole, make_pixel_env
 from daskcollect.worker.recipe import CollectorRecipe
 from daskcollect.worker.rollout import ActorSpec
 

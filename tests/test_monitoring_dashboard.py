@@ -15,10 +15,10 @@ import uuid
 import pytest
 from distributed import Client, performance_report
 from helpers import fresh_python, wait_until
+from makers import make_cartpole
 
 from daskcollect import DaskCollector
 from daskcollect.monitoring.dashboard import CollectorMonitor, keep_monitor
-from daskcollect.testing import make_cartpole
 
 CHROMIUM = shutil.which("chromium")
 # Flags for a closed network (see .ci/run): no background connections, no sandbox as root.

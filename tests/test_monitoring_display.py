@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from makers import make_cartpole
+
 from daskcollect import DaskCollector
-from daskcollect.testing import make_cartpole
 
 
 def test_notebook_display(cluster, client):

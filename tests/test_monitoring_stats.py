@@ -7,10 +7,10 @@ from collections import Counter, defaultdict
 
 import dask
 import pytest
+from makers import cartpole_policy, make_cartpole
 
 from daskcollect import CollectorLostError, DaskCollector
 from daskcollect.monitoring.stats import FailureCounters
-from daskcollect.testing import cartpole_policy, make_cartpole
 
 
 def test_counts_and_budget():

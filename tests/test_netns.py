@@ -15,15 +15,15 @@ import time
 import dask
 import pytest
 import torch
-from netns import FAST_FAILURE_ENV, SimulatedHosts, unavailable
-
-from daskcollect import DaskCollector
-from daskcollect.testing import (
+from makers import (
     make_cartpole,
     make_cartpole_in_worker_context,
     set_constant_action,
     worker_context_policy,
 )
+from netns import FAST_FAILURE_ENV, SimulatedHosts, unavailable
+
+from daskcollect import DaskCollector
 
 SUBNET = "10.213.0"
 HOSTS = ["sched", "w1", "w2", "w3"]

@@ -11,11 +11,11 @@ import time
 
 import pytest
 import torch
+from makers import make_cartpole, make_pendulum
 from torchrl.collectors import Collector, MultiSyncCollector
 from torchrl.envs import RewardSum, SerialEnv, StepCounter, TransformedEnv
 
 from daskcollect.monitoring.stats import TIME_PARTS
-from daskcollect.testing import make_cartpole, make_pendulum
 from daskcollect.worker.probes import EpisodeTracker, TimeSplit
 
 

@@ -8,10 +8,10 @@ import textwrap
 import uuid
 
 import pytest
+from makers import make_cartpole
 
 from daskcollect import DaskCollector
 from daskcollect.errors import CollectorBuildError, ConfigurationError
-from daskcollect.testing import make_cartpole
 
 ENV_SOURCE = textwrap.dedent(
     """

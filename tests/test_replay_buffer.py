@@ -9,11 +9,11 @@ import psutil
 import pytest
 import torch
 from distributed import Client
+from makers import make_cartpole
 from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, SamplerWithoutReplacement
 
 from daskcollect import ConfigurationError, DaskCollector, DaskReplayBuffer, ReplayBufferLostError
-from daskcollect.testing import make_cartpole
 
 
 def test_learner_api_on_a_worker(client, tmp_path):

@@ -12,13 +12,10 @@ disconnects without giving its lease back.
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
-
 import dask
 from distributed import Client
 from helpers import wait_until
+from makers import cartpole_policy, make_cartpole
 from torchrl.data import LazyTensorStorage
 
 from daskcollect import DaskCollector, DaskReplayBuffer
@@ -26,43 +23,9 @@ from daskcollect.membership import MEMBERSHIP_PLUGIN, MembershipEvents
 from daskcollect.monitoring.dashboard import MONITOR_PLUGIN
 from daskcollect.retirement import RETIREMENT_PLUGIN
 from daskcollect.scheduler_plugins import Lease
-from daskcollect.testing import cartpole_policy, make_cartpole
+from daskcollect.testing import cluster_state, differences
 
 SHARED = {RETIREMENT_PLUGIN, MEMBERSHIP_PLUGIN, MONITOR_PLUGIN}
-
-#: Set by importing gymnasium (a module, once imported, stays): not the collection's doing.
-IMPORT_SIDE_EFFECTS = {"PYGAME_HIDE_SUPPORT_PROMPT"}
-
-
-def scheduler_state(dask_scheduler) -> dict:
-    app = dask_scheduler.http_application
-    return {
-        "plugins": sorted(dask_scheduler.plugins),
-        "handlers": sorted(dask_scheduler.handlers),
-        "retire_workers": repr(dask_scheduler.handlers["retire_workers"]),
-        "routes": [len(app.default_router.rules), len(app.wildcard_router.rules)],
-        "subscriptions": sorted(
-            t for t, topic in dask_scheduler._broker._topics.items() if topic.subscribers
-        ),
-        "tasks": sorted(map(str, dask_scheduler.tasks)),
-    }
-
-
-def worker_state(dask_worker) -> dict:
-    return {
-        "plugins": sorted(dask_worker.plugins),
-        "handlers": sorted(dask_worker.handlers),
-        "data": sorted(map(str, dask_worker.data)),
-        "actors": sorted(map(str, dask_worker.state.actors)),
-        "log filters": [repr(f) for f in logging.getLogger("distributed.worker").filters],
-        "environment": {k: v for k, v in os.environ.items() if k not in IMPORT_SIDE_EFFECTS},
-        "sys.path": list(sys.path),
-        "tick": dask_worker.periodic_callbacks["tick"].callback_time,
-    }
-
-
-def state(client: Client) -> dict:
-    return {"scheduler": client.run_on_scheduler(scheduler_state), "workers": client.run(worker_state)}
 
 
 def collect(client: Client, sync: bool) -> int:
@@ -79,7 +42,7 @@ def collect(client: Client, sync: bool) -> int:
 
 
 def check_unchanged(client: Client) -> None:
-    before = state(client)
+    before = cluster_state(client)
     with dask.config.set(
         {"daskcollect.weights.shared-memory": False}
     ):  # the Dask route: the workers hold copies
@@ -92,25 +55,8 @@ def check_unchanged(client: Client) -> None:
         ) as collector:  # fmt: skip
             assert list(collector) == [None] * 4
         assert len(rb) == 200
-    wait_until(lambda: state(client) == before, timeout=10)
-    assert differences(before, state(client)) == []
-
-
-def differences(before: dict, after: dict, where: str = "") -> list[str]:
-    """What changed, one line per leaf: ``where: before -> after``."""
-    out = []
-    for key in sorted(set(before) | set(after), key=str):
-        a, b = before.get(key), after.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += differences(a, b, f"{where}/{key}")
-        elif isinstance(a, list) and isinstance(b, list) and a != b:
-            out.append(
-                f"{where}/{key}: removed {[x for x in a if x not in b]}, added {[x for x in b if x not in a]}"
-                + ("" if sorted(map(str, a)) != sorted(map(str, b)) else " (order)")
-            )
-        elif a != b:
-            out.append(f"{where}/{key}: {a!r} -> {b!r}")
-    return out
+    wait_until(lambda: cluster_state(client) == before, timeout=10)
+    assert differences(before, cluster_state(client)) == []
 
 
 def test_an_external_scheduler_is_left_as_found(client):

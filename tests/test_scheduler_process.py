@@ -15,9 +15,9 @@ import dask
 import psutil
 import pytest
 from helpers import SHARED_MEMORY, wait_until
+from makers import make_cartpole
 
 from daskcollect import ClusterConnectionError, ConfigurationError, DaskCollector
-from daskcollect.testing import make_cartpole
 from daskcollect.weights.shm import remove_stale
 
 # Defined outside any importable module, so that it travels by value: the scheduler
@@ -97,7 +97,7 @@ def test_the_scheduler_process_goes_when_the_driver_is_killed(tmp_path):
             f"""
             import os
             from daskcollect import DaskCollector
-            from daskcollect.testing import make_cartpole
+            from makers import make_cartpole
 
             if __name__ == "__main__":
                 collector = DaskCollector(make_cartpole, frames_per_batch=20, total_frames=-1, num_collectors=1)

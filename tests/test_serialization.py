@@ -8,11 +8,11 @@ import pytest
 import torch
 from distributed.protocol import deserialize, serialize
 from helpers import fresh_python
+from makers import make_pixel_env
 from tensordict import LazyStackedTensorDict, NonTensorData, TensorDict
 
 from daskcollect import DaskCollector
 from daskcollect.serialization import register_serializers
-from daskcollect.testing import make_pixel_env
 from daskcollect.worker.rollout import Rollout
 
 register_serializers()  # what a DaskCollector does on the driver, and its plugin on the workers

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dask
 import pytest
+from makers import make_cartpole
 
 from daskcollect import ConfigurationError, DaskCollector
 from daskcollect.settings import Settings
-from daskcollect.testing import make_cartpole
 
 
 def test_defaults_are_valid_and_durations_are_seconds():

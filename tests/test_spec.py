@@ -5,13 +5,13 @@ from __future__ import annotations
 import cloudpickle
 import pytest
 from helpers import collector_keywords
+from makers import counting_policy_factory
 from torchrl.collectors import Collector, MultiSyncCollector
 from torchrl.envs.utils import ExplorationType
 
 from daskcollect import ConfigurationError
 from daskcollect.settings import Settings
 from daskcollect.spec import CollectionSpec
-from daskcollect.testing import counting_policy_factory
 
 
 def keywords(**overrides) -> dict:

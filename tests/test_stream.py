@@ -7,10 +7,10 @@ import pytest
 import torch
 from distributed.protocol import dumps, loads
 from helpers import streams_served, wait_until
+from makers import make_cartpole_in_worker_context, worker_context_policy
 from tensordict import TensorDict
 
 from daskcollect import DaskCollector
-from daskcollect.testing import make_cartpole_in_worker_context, worker_context_policy
 from daskcollect.worker.stream import serialized
 
 

@@ -8,9 +8,9 @@ import pytest
 from distributed import Client
 from distributed.security import Security
 from helpers import streams_served
+from makers import make_cartpole
 
 from daskcollect import ClusterConnectionError, DaskCollector
-from daskcollect.testing import make_cartpole
 
 pytest.importorskip("cryptography", reason="Security.temporary() needs cryptography (the 'tls' extra)")
 

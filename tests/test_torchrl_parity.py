@@ -16,6 +16,7 @@ import time
 import warnings
 
 import pytest
+from makers import CountingPolicy, counting_policy_factory
 from tensordict import TensorDict
 from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollector
 from torchrl.envs.utils import RandomPolicy
@@ -23,7 +24,6 @@ from torchrl.testing.dist_utils import assert_no_new_python_processes, snapshot_
 from torchrl.testing.mocking_classes import ContinuousActionVecMockEnv, CountingEnv
 
 from daskcollect import DaskCollector
-from daskcollect.testing import CountingPolicy, counting_policy_factory
 
 # What TorchRL's suite gives RayCollector: accepted, and ignored with one warning each.
 RAY_KWARGS = {

@@ -13,11 +13,11 @@ import pytest
 import torch
 from distributed.protocol import deserialize, serialize
 from helpers import wait_until
+from makers import constant_action_policy, make_cartpole, set_constant_action
 from tensordict import TensorDict
 
 from daskcollect import ConfigurationError, DaskCollector
 from daskcollect.serialization import register_serializers
-from daskcollect.testing import constant_action_policy, make_cartpole, set_constant_action
 from daskcollect.weights import WeightsPayload, extract_weights
 
 register_serializers()
@@ -265,7 +265,7 @@ def test_weights_a_worker_was_not_sent_are_fetched_from_a_worker_that_has_them(c
 
 
 def test_weights_of_the_wrong_shape_are_refused_on_the_driver(client):
-    from daskcollect.testing import CountingPolicy
+    from makers import CountingPolicy
 
     policy, collector = probe(client, num_collectors=1)
     with collector:

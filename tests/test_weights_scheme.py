@@ -6,13 +6,13 @@ import time
 
 import pytest
 import torch
+from makers import CountingPolicy, counting_policy_factory
 from tensordict import TensorDict
 from torchrl.collectors import Collector, MultiSyncCollector, RayWeightUpdater, WeightUpdaterBase
 from torchrl.testing.mocking_classes import CountingEnv
 from torchrl.weight_update import NoWeightSyncScheme, RayWeightSyncScheme, SharedMemWeightSyncScheme
 
 from daskcollect import ConfigurationError, DaskCollector, DaskWeightSyncScheme, DaskWeightUpdater
-from daskcollect.testing import CountingPolicy, counting_policy_factory
 
 
 def collector_for(client, **kwargs) -> DaskCollector:

@@ -12,10 +12,10 @@ import pytest
 import torch
 from distributed import Client
 from helpers import SHARED_MEMORY
+from makers import set_constant_action
 from tensordict import TensorDict
 from test_weights import per_collector, probe
 
-from daskcollect.testing import set_constant_action
 from daskcollect.weights.shm import SharedMemoryTransport, remove_stale
 
 

@@ -8,11 +8,11 @@ import os
 
 import torch
 from distributed import LocalCluster
+from makers import make_cartpole, make_env_reading_variable
 
 from daskcollect import DaskCollector, _internals
 from daskcollect._internals import HEARTBEAT_FAILURE, QuietHeartbeatAtClose
 from daskcollect.settings import WorkerSettings
-from daskcollect.testing import make_cartpole, make_env_reading_variable
 from daskcollect.worker.plugin import WorkerSetup
 
 
