@@ -298,6 +298,20 @@ def sync(loop: Any, func: Callable, *args: Any, callback_timeout: float | None =
 
 
 # --- TorchRL and tensordict ---------------------------------------------------
+def set_weight_sync_schemes(collector: Any, schemes: dict[str, Any] | None) -> None:
+    """Gives a ``BaseCollector`` subclass its ``{model_id: scheme}``.
+
+    ``BaseCollector.update_policy_weights_`` dispatches on this attribute, and
+    TorchRL's trainers read it to find the collector's schemes; TorchRL has no
+    public setter.
+    """
+    from torchrl.collectors import BaseCollector
+
+    if not hasattr(BaseCollector, "_weight_sync_schemes"):
+        raise _missing("BaseCollector._weight_sync_schemes", AttributeError("_weight_sync_schemes"))
+    collector._weight_sync_schemes = schemes
+
+
 def default_exploration_type() -> Any:
     """TorchRL collectors' default ``exploration_type`` (``ExplorationType.RANDOM`` where TorchRL
     no longer keeps it in ``torchrl.collectors._constants``)."""

@@ -233,9 +233,8 @@ class DaskCollector(BaseCollector):
         self.replay_buffer = replay_buffer
         self.postproc = postproc
         self.split_trajs = split_trajs
-        self._weight_sync_schemes = (
-            None if self.spec.weights.schemes is None else dict(self.spec.weights.schemes)
-        )
+        schemes = self.spec.weights.schemes
+        _internals.set_weight_sync_schemes(self, None if schemes is None else dict(schemes))
         if self.spec.weights.updater is not None:
             self.weight_updater = self.spec.weights.updater  # BaseCollector registers us with it
         self._frames = 0
@@ -287,7 +286,7 @@ class DaskCollector(BaseCollector):
         self._leases = [held for held in leases if held is not None]
         module = self.policy if isinstance(self.policy, torch.nn.Module) else None
         self._engine = Engine(client, spec, settings, n, recipes, module, push=self._refresh_weights)
-        for model_id, scheme in (self._weight_sync_schemes or {}).items():
+        for model_id, scheme in (self.spec.weights.schemes or {}).items():
             scheme.init_on_sender(model_id=model_id, context=self, publish=self._publish)
             if isinstance(scheme, DaskWeightSyncScheme):
                 scheme.connect()
@@ -655,7 +654,7 @@ class DaskCollector(BaseCollector):
             if self._reporter is not None:
                 self._reporter.close(self._snapshot)
             self._engine.close(timeout)
-        for scheme in (self._weight_sync_schemes or {}).values():
+        for scheme in (self.spec.weights.schemes or {}).values():
             scheme.shutdown()
         for held in self._leases:  # the last collection on the scheduler removes the plugins
             held.release()

@@ -124,3 +124,28 @@ def test_torchrls_and_tensordicts_internals_are_where_the_fence_looks():
     finally:
         collector.shutdown()
     assert not _internals.wrap_collector_policy(object(), wrap)  # elsewhere: nothing changes
+
+
+def test_a_collectors_weight_sync_schemes_are_where_torchrls_dispatch_looks():
+    from makers import cartpole_policy, make_cartpole
+    from tensordict import TensorDict
+    from torchrl.collectors import Collector
+    from torchrl.weight_update import WeightSyncScheme
+
+    sent = []
+
+    class Recorder(WeightSyncScheme):
+        def create_transport(self, **kwargs):
+            return None
+
+        def send(self, weights=None, worker_ids=None):
+            sent.append((weights, worker_ids))
+
+    collector = Collector(make_cartpole, cartpole_policy(), frames_per_batch=10, total_frames=10)
+    try:
+        weights = TensorDict.from_module(cartpole_policy()).data
+        _internals.set_weight_sync_schemes(collector, {"policy": Recorder()})
+        collector.update_policy_weights_(weights, worker_ids=[0])
+        assert len(sent) == 1 and sent[0][0] is weights and sent[0][1] == [0]
+    finally:
+        collector.shutdown()

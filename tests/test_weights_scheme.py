@@ -10,7 +10,12 @@ from makers import CountingPolicy, counting_policy_factory
 from tensordict import TensorDict
 from torchrl.collectors import Collector, MultiSyncCollector, RayWeightUpdater, WeightUpdaterBase
 from torchrl.testing.mocking_classes import CountingEnv
-from torchrl.weight_update import NoWeightSyncScheme, RayWeightSyncScheme, SharedMemWeightSyncScheme
+from torchrl.weight_update import (
+    NoWeightSyncScheme,
+    RayWeightSyncScheme,
+    SharedMemWeightSyncScheme,
+    WeightSyncScheme,
+)
 
 from daskcollect import ConfigurationError, DaskCollector, DaskWeightSyncScheme, DaskWeightUpdater
 
@@ -171,3 +176,8 @@ def test_models_other_than_the_policy_are_refused_at_update(client):
             collector.update_policy_weights_(weights_of(2.0), model_id="value")
         with pytest.raises(ConfigurationError, match="syncs one model"):
             collector.update_policy_weights_(weights_dict={"policy": weights_of(2.0), "value": torch.ones(1)})
+
+
+def test_torchrls_backend_registry_builds_a_dask_scheme():
+    scheme = WeightSyncScheme.from_backend("dask", strategy="state_dict")
+    assert type(scheme) is DaskWeightSyncScheme and scheme.strategy_str == "state_dict"

@@ -28,6 +28,7 @@ from typing import Any
 from tensordict import TensorDict, TensorDictBase
 from torchrl.collectors import WeightUpdaterBase
 from torchrl.weight_update import NoWeightSyncScheme, RayWeightSyncScheme, WeightSyncScheme
+from torchrl.weight_update.weight_sync_schemes import register_weight_sync_backend
 
 from daskcollect.errors import ConfigurationError
 
@@ -60,11 +61,12 @@ class _Mailbox:
         """Nothing to set up: weights come with rollout calls."""
 
 
+@register_weight_sync_backend("dask")
 class DaskWeightSyncScheme(WeightSyncScheme):
     """daskcollect's weight route (shared memory on the driver's host, a Dask scatter elsewhere).
 
-    Pass it as ``weight_sync_schemes={"policy": DaskWeightSyncScheme()}``, or
-    subclass it (e.g. to map the weights in :meth:`prepare_weights`). Each
+    Pass it as ``weight_sync_schemes={"policy": DaskWeightSyncScheme()}`` (TorchRL's
+    ``WeightSyncScheme.from_backend("dask")`` builds one too), or subclass it (e.g. to map the weights in :meth:`prepare_weights`). Each
     update is written once per route and versioned; a collector loads it
     before its next rollout.
 
@@ -76,6 +78,7 @@ class DaskWeightSyncScheme(WeightSyncScheme):
     def __init__(self, strategy: str = "tensordict"):
         super().__init__(strategy)
         self._publish: Publish | None = None
+        self._mailbox = _Mailbox()
 
     # --- the driver -----------------------------------------------------------
     def _init_on_sender_impl(self, *, model_id: str, context: Any = None, publish: Publish | None = None,
@@ -117,7 +120,7 @@ class DaskWeightSyncScheme(WeightSyncScheme):
     def _init_on_receiver_impl(self, *, model_id: str, context: Any = None, **_: Any) -> None:
         self.model_id = model_id
         self.context = context
-        self._register_transport_receiver(_Mailbox())
+        self._mailbox = _Mailbox()
 
     def _setup_connection_and_weights_on_receiver_impl(self, **_: Any) -> None:
         """Nothing to exchange: the collector was built with its first weights; later ones come with calls."""
@@ -127,7 +130,7 @@ class DaskWeightSyncScheme(WeightSyncScheme):
 
     def deliver(self, weights: TensorDictBase) -> None:
         """Hands weights a rollout call brought to the receiving side; ``receive()`` then applies them."""
-        self.receiver_transport.send_weights(weights)
+        self._mailbox.send_weights(weights)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -143,7 +146,7 @@ class DaskWeightSyncScheme(WeightSyncScheme):
         """
         if not self.initialized_on_receiver:
             raise RuntimeError("DaskWeightSyncScheme.receive() runs on a worker's collector.")
-        weights = self.receiver_transport.receive_weights(timeout)
+        weights = self._mailbox.receive_weights(timeout)
         if weights is not None and self.context is not None:
             self.context.update_policy_weights_(model_id=self.model_id or "policy", policy_or_weights=weights)
         return weights
