@@ -312,6 +312,26 @@ def set_weight_sync_schemes(collector: Any, schemes: dict[str, Any] | None) -> N
     collector._weight_sync_schemes = schemes
 
 
+def collector_carrier(collector: Any) -> Any | None:
+    """A TorchRL ``Collector``'s carrier (the tensordict its next step starts from), or ``None``.
+
+    ``None`` for collectors that keep their carriers in their own processes
+    (``Multi*Collector``) and for releases that renamed it.
+    """
+    from torchrl.collectors import Collector
+
+    if not isinstance(collector, Collector):
+        return None
+    return getattr(collector, "_carrier", None)
+
+
+def set_collector_carrier(collector: Any, carrier: Any) -> None:
+    """Replaces a TorchRL ``Collector``'s carrier: its next rollout starts from ``carrier``."""
+    if collector_carrier(collector) is None:
+        raise _missing("Collector._carrier", AttributeError("_carrier"))
+    collector._carrier = carrier
+
+
 def default_exploration_type() -> Any:
     """TorchRL collectors' default ``exploration_type`` (``ExplorationType.RANDOM`` where TorchRL
     no longer keeps it in ``torchrl.collectors._constants``)."""

@@ -32,7 +32,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.collectors import BaseCollector, Collector
 from torchrl.collectors.utils import split_trajectories
 
-from daskcollect import _internals, retirement
+from daskcollect import _internals, checkpoint, orphans, retirement
 from daskcollect.background import BackgroundCollection
 from daskcollect.cluster import ClusterHandle, close_at_exit, connect, eligible_workers, wait_for_workers
 from daskcollect.engine import Engine
@@ -239,7 +239,8 @@ class DaskCollector(BaseCollector):
             self.weight_updater = self.spec.weights.updater  # BaseCollector registers us with it
         self._frames = 0
         self._iter = -1
-        self._pass_batches = 0
+        self._pass_batches = self._resumed_pass = 0
+        self._yielded = checkpoint.Yielded()
         self._pass_limit: int | None = None  # set to end the pass once the calls in flight are in
         self._started = time.monotonic()
         self._background = BackgroundCollection(self._background_batches, self._finish_pass, "daskcollect")
@@ -282,6 +283,10 @@ class DaskCollector(BaseCollector):
         leases = (
             retirement.install_retirement_hook(client, settings.timeouts.retire),
             dashboard.install_monitor(client, settings.history, settings.timeouts.call),
+            # On a cluster we did not start, a killed driver's worker plugins would stay.
+            None
+            if self._handle.cluster is not None
+            else orphans.hold_plugins(client, self._handle.plugins, settings.timeouts.call),
         )
         self._leases = [held for held in leases if held is not None]
         module = self.policy if isinstance(self.policy, torch.nn.Module) else None
@@ -421,7 +426,8 @@ class DaskCollector(BaseCollector):
                 "This collector runs in the background (start()): read its replay buffer, or iterate "
                 "inside `with collector.pause():`."
             )
-        self._pass_batches, self._pass_limit = 0, None
+        # A resumed pass goes on from the checkpointed one: only the batches it had left.
+        self._pass_batches, self._pass_limit, self._resumed_pass = self._resumed_pass, None, 0
         yield from self._batches()
 
     def _background_batches(self, fresh: bool) -> Iterator[None]:
@@ -444,6 +450,7 @@ class DaskCollector(BaseCollector):
 
     def _emit(self, rollouts: list[Rollout]) -> TensorDictBase | MemmapBatch | None:
         """Turns one batch's rollouts (in collector order) into what the iterator yields."""
+        self._yielded.record(rollouts)
         sync, rb, ledger = self.spec.batch.sync, self.replay_buffer, self._engine.ledger
         if ledger is not None:
             shape = rollouts[0].batch_size
@@ -605,27 +612,63 @@ class DaskCollector(BaseCollector):
         return self._engine.set_seed(seed, static_seed)
 
     def state_dict(self) -> OrderedDict:
-        """Each collector's state dict, and the driver's counters."""
-        self._check_open()
-        return OrderedDict(
-            collectors=self._engine.pool.call_all("state_dict"),
-            frames=self._frames,
-            iterations=self._iter + 1,
-            policy_version=self._engine.router.version,
-        )
+        """A checkpoint: the driver's counters and, for each collector, where it stood after the
+        last rollout yielded (:mod:`daskcollect.checkpoint`).
 
-    def load_state_dict(self, state_dict: OrderedDict | Sequence[dict]) -> None:
-        """Loads what :meth:`state_dict` returned (or a list, one per collector)."""
+        Save it with ``torch.save`` next to your model; :meth:`load_state_dict`
+        on a new ``DaskCollector`` continues the run.
+        """
         self._check_open()
-        pool = self._engine.pool
+        counters = {
+            "frames": self._frames,
+            "iterations": self._iter + 1,
+            "pass_batches": self._pass_batches,
+            "frames_per_batch": self.frames_per_batch,
+            "total_frames": self.total_frames,
+            "sync": self.spec.batch.sync,
+        }
+        return checkpoint.take(self._engine, self._yielded, counters, self.settings.timeouts.call)
+
+    def load_state_dict(
+        self, state_dict: OrderedDict | Sequence[dict], *, restore_envs: bool = False
+    ) -> None:
+        """Continues the collection checkpointed by :meth:`state_dict` (call it before iterating).
+
+        Args:
+            state_dict: A checkpoint, or (as for ``RayCollector``) a list of
+                TorchRL state dicts, one per collector, loaded into each.
+            restore_envs: Continue every trajectory where it stood, value for
+                value. Only for stateless envs (whose state is their
+                tensordict, as TorchRL's ``PendulumEnv``); with ``False`` each
+                collector starts new trajectories from its restored
+                random-number generators.
+
+        Raises:
+            ConfigurationError: If the checkpoint does not fit this collector.
+        """
+        self._check_open()
         if isinstance(state_dict, (list, tuple)):
-            per_collector = list(state_dict)
-        else:
-            per_collector = list(state_dict["collectors"])
-            self._frames = state_dict.get("frames", self._frames)
-            self._iter = state_dict.get("iterations", self._iter + 1) - 1
-            self._engine.router.version = state_dict.get("policy_version", self._engine.router.version)
-        slots = pool.slots
+            self._load_torchrl_states(list(state_dict))
+            return
+        if state_dict.get("format") != checkpoint.FORMAT:
+            raise ConfigurationError(
+                "This is not a DaskCollector checkpoint (from state_dict()). Pass one, or a list of "
+                "TorchRL state dicts, one per collector."
+            )
+        for key, mine in (("frames_per_batch", self.frames_per_batch), ("sync", self.spec.batch.sync)):
+            if state_dict[key] != mine:
+                raise ConfigurationError(
+                    f"The checkpoint was taken with {key}={state_dict[key]!r}, this collector has "
+                    f"{mine!r}. Resume with the same {key}."
+                )
+        self._engine.pool.drain(self.settings.timeouts.rollout)  # nothing collected before may be yielded
+        checkpoint.resume(self._engine, self._yielded, state_dict, restore_envs, self.settings.timeouts.call)
+        self._frames = state_dict["frames"]
+        self._iter = state_dict["iterations"] - 1
+        self._resumed_pass = state_dict["pass_batches"]
+
+    def _load_torchrl_states(self, per_collector: list[dict]) -> None:
+        slots = self._engine.pool.slots
         if len(per_collector) != len(slots):
             raise ConfigurationError(
                 f"The state dict holds {len(per_collector)} collectors but this collector has "

@@ -354,6 +354,11 @@ class Engine:
             self._push(stale)
 
     # --- seeds, stats, close --------------------------------------------------
+    @property
+    def seed(self) -> int | None:
+        """The seed of the last :meth:`set_seed`, or ``None``."""
+        return self._seed
+
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seeds the collectors in order (``MultiSyncCollector``'s chain), then resets their envs."""
         self._seed = seed

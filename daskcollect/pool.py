@@ -16,7 +16,6 @@ flight happens under one lock.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import pickle
 import queue
@@ -147,7 +146,7 @@ class ActorPool:
         self._streams = CompletionStreams(client, self._answer, settings.timeouts.connect)
         self._calls: dict[int, deque[InFlight]] = {}  # per actor uid, in the order sent
         self._slots: list[Slot] = []
-        self._uids = itertools.count()
+        self._next_uid = 0
         self._token = uuid.uuid4().hex[:8]
         self._inflight: set[InFlight] = set()
         # Dask's as_completed does not wait for actor futures (its wait() sees no
@@ -245,7 +244,9 @@ class ActorPool:
         except (OSError, TimeoutError, KeyError) as exc:  # a target left (the scheduler no longer knows it)
             logger.info("could not send the recipe (%s: %s)", type(exc).__name__, exc)
             return [], lost + [t[0] for t in todo]
-        uids = [next(self._uids) for _ in todo]
+        with self.lock:
+            uids = list(range(self._next_uid, self._next_uid + len(todo)))
+            self._next_uid += len(todo)
         futures = [
             self.client.submit(
                 start_collector,
@@ -476,6 +477,11 @@ class ActorPool:
                 logger.debug("collector %d did not take its weights (%s)", slot.index, exc)
 
     # --- other calls -------------------------------------------------------
+    def reserve_uids(self, below: int) -> None:
+        """Actors started from now on get uids of at least ``below`` (a resumed run's labels are taken)."""
+        with self.lock:
+            self._next_uid = max(self._next_uid, below)
+
     def call_all(self, method: str, *args: Any, timeout: float | None = None) -> list[Any]:
         """Calls ``method`` on every actor concurrently; results in index order."""
         timeout = self.settings.timeouts.call if timeout is None else timeout

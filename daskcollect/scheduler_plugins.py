@@ -41,15 +41,23 @@ class SharedPlugin(SchedulerPlugin):
     def __init__(self) -> None:
         #: lease id -> the id of the client that holds it.
         self.leases: dict[str, str] = {}
+        #: lease id -> what its holder registered it with (see :func:`acquire`).
+        self.details: dict[str, Any] = {}
         self._removal: asyncio.Future | None = None
 
     def remove_client(self, scheduler: Any, client: str) -> None:
         gone = [lease for lease, holder in self.leases.items() if holder == client]
+        details = [self.details.pop(lease) for lease in gone if lease in self.details]
         for lease in gone:
             del self.leases[lease]
+        if details:
+            self.orphaned(scheduler, details)
         if gone and not self.leases:
             # Dask is iterating over its plugins: remove this one on the next turn of the loop.
             self._removal = asyncio.ensure_future(_remove(scheduler, self))
+
+    def orphaned(self, scheduler: Any, details: list[Any]) -> None:
+        """Called when a client disconnected without releasing leases; ``details`` are theirs."""
 
 
 async def _remove(scheduler: Any, plugin: SharedPlugin) -> None:
@@ -63,9 +71,12 @@ async def _remove(scheduler: Any, plugin: SharedPlugin) -> None:
         scheduler.remove_plugin(name=plugin.name)
 
 
-async def acquire(plugin: SharedPlugin, lease: str, client: str, dask_scheduler: Any = None) -> int:
+async def acquire(
+    plugin: SharedPlugin, lease: str, client: str, detail: Any = None, dask_scheduler: Any = None
+) -> int:
     """Installs ``plugin`` unless the scheduler has one of its name, and records ``lease``, held by
-    the client ``client`` (run on the scheduler: ``Client.run_on_scheduler``).
+    the client ``client``, with ``detail`` for the plugin (run on the scheduler:
+    ``Client.run_on_scheduler``).
 
     Returns:
         How many leases the plugin now has.
@@ -75,6 +86,8 @@ async def acquire(plugin: SharedPlugin, lease: str, client: str, dask_scheduler:
         await dask_scheduler.register_scheduler_plugin(plugin, name=plugin.name, idempotent=False)
         current = plugin
     current.leases[lease] = client
+    if detail is not None:
+        current.details[lease] = detail
     return len(current.leases)
 
 
@@ -89,6 +102,7 @@ async def release_lease(name: str, lease: str, dask_scheduler: Any = None) -> in
     if not isinstance(current, SharedPlugin):
         return 0
     current.leases.pop(lease, None)
+    current.details.pop(lease, None)
     if not current.leases:
         await _remove(dask_scheduler, current)
     return len(current.leases)
@@ -101,16 +115,17 @@ class Lease:
         client: The collection's ``Client``.
         plugin: The plugin to install if the scheduler has none of its name.
         timeout: Bound on each call to the scheduler.
+        detail: What the plugin keeps with this lease (picklable).
 
     Raises:
         Exception: What the scheduler raised: typically that it cannot import
             daskcollect (not installed beside it). Nothing is then held.
     """
 
-    def __init__(self, client: Any, plugin: SharedPlugin, timeout: float):
+    def __init__(self, client: Any, plugin: SharedPlugin, timeout: float, detail: Any = None):
         self.client, self.name, self.timeout = client, plugin.name, timeout
         self.id = f"{plugin.name}-{uuid.uuid4().hex[:12]}"
-        client.run_on_scheduler(acquire, plugin, self.id, client.id, callback_timeout=timeout)
+        client.run_on_scheduler(acquire, plugin, self.id, client.id, detail, callback_timeout=timeout)
         self._held = True
 
     def release(self) -> None:
@@ -125,10 +140,10 @@ class Lease:
             self.client.run_on_scheduler(release_lease, self.name, self.id, callback_timeout=self.timeout)
 
 
-def lease(client: Any, plugin: SharedPlugin, timeout: float) -> Lease | None:
+def lease(client: Any, plugin: SharedPlugin, timeout: float, detail: Any = None) -> Lease | None:
     """A :class:`Lease` on ``plugin``, or ``None`` where the scheduler cannot load it (logged)."""
     try:
-        return Lease(client, plugin, timeout)
+        return Lease(client, plugin, timeout, detail)
     except Exception as exc:
         logger.debug("scheduler plugin %s not installed: %s: %s", plugin.name, type(exc).__name__, exc)
         return None

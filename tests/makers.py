@@ -33,6 +33,31 @@ def make_pendulum():
     return GymEnv("Pendulum-v1")
 
 
+def make_stateless_pendulum():
+    """TorchRL's own ``PendulumEnv``: stateless, its whole state is in its tensordict."""
+    from torchrl.envs import PendulumEnv
+
+    return PendulumEnv()
+
+
+class PendulumTorque(nn.Module):
+    """A fixed linear torque on the pendulum's angle and speed: deterministic."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(3, 1)
+
+    def forward(self, th: torch.Tensor, thdot: torch.Tensor) -> torch.Tensor:
+        features = torch.stack([th.cos(), th.sin(), thdot], -1)
+        return self.linear(features).clamp(-2.0, 2.0)
+
+
+def pendulum_policy(seed: int = 0) -> TensorDictModule:
+    """A deterministic policy for :func:`make_stateless_pendulum`, the same for the same seed."""
+    torch.manual_seed(seed)
+    return TensorDictModule(PendulumTorque(), in_keys=["th", "thdot"], out_keys=["action"])
+
+
 def make_env_reading_variable(name: str = "DASKCOLLECT_TEST_VAR"):
     """A CartPole env that fails unless the environment variable ``name`` is set."""
     if name not in os.environ:

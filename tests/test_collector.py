@@ -144,11 +144,14 @@ def test_state_dict_roundtrip(client):
     ) as collector:
         list(collector)
         sd = collector.state_dict()
-        assert len(sd["collectors"]) == 2
+        assert len(sd["collectors"]) == 2 and [c["rollouts"] for c in sd["collectors"]] == [3, 3]
         assert sd["frames"] == 120 and sd["iterations"] == 3
         collector.load_state_dict(sd)
-        collector.load_state_dict(sd["collectors"])
         assert collector.state_dict()["frames"] == 120
+        # RayCollector's form: one TorchRL state dict per collector.
+        policy_state = cartpole_policy().state_dict()
+        collector.load_state_dict([{"policy_state_dict": policy_state, "env_state_dict": {}, "frames": 0,
+                                    "iter": 0}] * 2)  # fmt: skip
 
 
 def test_replay_buffer_feed(client):

@@ -7,6 +7,7 @@ import warnings
 
 import distributed
 import pytest
+import torch
 from distributed.utils_test import gen_cluster
 
 from daskcollect import DaskVersionError, _internals
@@ -149,3 +150,23 @@ def test_a_collectors_weight_sync_schemes_are_where_torchrls_dispatch_looks():
         assert len(sent) == 1 and sent[0][0] is weights and sent[0][1] == [0]
     finally:
         collector.shutdown()
+
+
+def test_a_collectors_carrier_is_where_the_fence_looks():
+    from makers import cartpole_policy, make_cartpole
+    from torchrl.collectors import Collector
+
+    collector = Collector(make_cartpole, cartpole_policy(), frames_per_batch=10, total_frames=-1)
+    try:
+        carrier = _internals.collector_carrier(collector)
+        assert carrier is not None and "observation" in carrier.keys()
+        start = carrier.clone()
+        batch = next(iter(collector))
+        _internals.set_collector_carrier(collector, start.clone())
+        again = next(collector.iterator())
+        assert torch.equal(again["observation"][0], batch["observation"][0])  # it starts from the carrier
+    finally:
+        collector.shutdown()
+    assert _internals.collector_carrier(object()) is None
+    with pytest.raises(DaskVersionError, match="_carrier"):
+        _internals.set_collector_carrier(object(), start)

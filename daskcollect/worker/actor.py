@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import gc
 import inspect
+import random
 import threading
 import time
 import traceback
@@ -28,7 +29,8 @@ from daskcollect.errors import RolloutError, SharedFilesystemError
 from daskcollect.memmap import check_writable, write_batch
 from daskcollect.weights import tree
 from daskcollect.weights.payload import WeightsRef
-from daskcollect.worker import stream
+from daskcollect.worker import checkpoint, stream
+from daskcollect.worker.checkpoint import Position, Resumed
 from daskcollect.worker.probes import EpisodeTracker, TimeSplit
 from daskcollect.worker.rollout import TRAJ_ID_BITS, ActorSpec, Rollout
 
@@ -43,6 +45,9 @@ class CollectorActor:
     """
 
     def __init__(self, spec: ActorSpec, recipe: bytes):
+        # Rollouts come from the completion stream, the other calls as Dask RPCs; sync ones share
+        # Dask's actor thread, and the lock also keeps close() from another thread out.
+        self._busy = threading.Lock()
         self._worker = get_worker()
         tree.install(self._worker)  # this worker may pass weights on to other hosts' workers
         stream.install(self._worker)  # the driver takes this collector's rollouts over a stream
@@ -52,6 +57,12 @@ class CollectorActor:
             check_writable(spec.memmap_root, self.where)  # before any rollout
         self.policy_version = 0
         self.rollouts = 0
+        #: Namespaces the trajectory ids of the frames made here: this incarnation's uid, or on a
+        #: resumed run the one whose trajectories it continues.
+        self.namespace = spec.uid
+        #: Labels its frames' ``("collector", "collector_id")``: its uid, or a resumed run's new one.
+        self.incarnation = spec.uid
+        self._positions: dict[int, Position] = {}  # rollouts done -> where the collector stood
         self._recipe = cloudpickle.loads(recipe)
         self._weights: TensorDictBase | None = None  # the last weights loaded, kept for rebuilds
         self._offered: WeightsRef | None = None  # the newest weights the driver announced
@@ -62,13 +73,11 @@ class CollectorActor:
         if spec.seed is not None:
             self.set_seed(spec.seed)
             self._collector.reset()
+        self._remember()
         if spec.gc_freeze:
             # Move the long-lived heap (Dask, torch, the envs) out of the
             # collector's way: full collections then scan only rollout garbage.
             gc.freeze()
-        # Rollouts come from the completion stream, the other calls as Dask RPCs; sync ones share
-        # Dask's actor thread, and the lock also keeps close() from another thread out.
-        self._busy = threading.Lock()
 
     # --- weights -----------------------------------------------------------
     def shares_driver_memory(self) -> bool:
@@ -166,12 +175,16 @@ class CollectorActor:
                     worker=self._worker.address,
                     index=self.spec.index,
                 ) from None
-            return self._record(start, cpu0, error=self._rebuild_after(exc))
+            record = self._record(start, cpu0, error=self._rebuild_after(exc))
+            self._remember()
+            return record
         episodes = self._episodes.update(batch)
         writing = time.perf_counter()
         out = self._deliver(self._label(batch))
         self._split.add("output", time.perf_counter() - writing)
-        return self._record(start, cpu0, episodes=episodes, **out)
+        record = self._record(start, cpu0, episodes=episodes, **out)
+        self._remember()
+        return record
 
     def _deliver(self, batch: TensorDictBase) -> dict[str, Any]:
         """Hands the batch on (returned, written to a memory map, or into the replay buffer)."""
@@ -188,14 +201,14 @@ class CollectorActor:
         """Moves the batch to CPU and writes its provenance into it."""
         if batch.device is None or batch.device.type != "cpu":
             batch = batch.to("cpu")  # CUDA tensors do not serialize
-        uid = self.spec.uid
+        namespace = self.namespace
         ids = batch.get(("collector", "traj_ids"), None)
-        if ids is not None and uid:
-            offset = uid << TRAJ_ID_BITS
+        if ids is not None and namespace:
+            offset = namespace << TRAJ_ID_BITS
             batch.set(("collector", "traj_ids"), torch.where(ids >= 0, ids + offset, ids))
         # Each frame names the actor incarnation and rollout that made it: a
         # (collector_id, rollout_id) pair is never yielded twice.
-        batch.set(("collector", "collector_id"), torch.full(batch.shape, uid, dtype=torch.int64))
+        batch.set(("collector", "collector_id"), torch.full(batch.shape, self.incarnation, dtype=torch.int64))
         batch.set(("collector", "rollout_id"), torch.full(batch.shape, self.rollouts, dtype=torch.int64))
         if self.spec.track_policy_version:
             batch.set("policy_version", torch.full(batch.shape, self.policy_version, dtype=torch.int64))
@@ -214,7 +227,7 @@ class CollectorActor:
     def _write(self, batch: TensorDictBase) -> str:
         root = self.spec.memmap_root
         try:
-            return write_batch(batch, root, f"c{self.spec.uid}-r{self.rollouts}")
+            return write_batch(batch, root, f"c{self.incarnation}-r{self.rollouts}")
         except OSError as exc:
             raise SharedFilesystemError(
                 f"{self.where}: writing rollout {self.rollouts} under {root!r} failed ({exc}). "
@@ -247,12 +260,41 @@ class CollectorActor:
             out = self._collector.set_seed(seed, static_seed=static_seed)
             torch.manual_seed(seed)
             np.random.seed(seed % 2**32)
+            random.seed(seed)
             return out
 
     def reset(self) -> None:
         """Resets the envs (the next rollout starts new trajectories)."""
         with self._busy:
             self._collector.reset()
+            self._remember()
+
+    def _remember(self) -> None:
+        """Keeps where the collector stands now, once ``self.rollouts`` rollouts are done."""
+        self._positions[self.rollouts] = checkpoint.capture(self._collector, self.namespace)
+        for done in [k for k in self._positions if k < self.rollouts - checkpoint.KEPT]:
+            del self._positions[done]
+
+    async def position(self, rollouts: int) -> Position | None:
+        """Where the collector stood once ``rollouts`` rollouts were done (``None``: no longer known).
+
+        An ``async`` method: it answers at once, even while a rollout runs.
+        """
+        return self._positions.get(rollouts)
+
+    def resume(self, resumed: Resumed) -> None:
+        """Continues another incarnation's collection: its trajectories, counters and position.
+
+        Raises:
+            ConfigurationError: If the position cannot be restored here.
+        """
+        with self._busy:
+            self.namespace, self.incarnation = resumed.namespace, resumed.incarnation
+            self.rollouts, self.policy_version = resumed.rollouts, resumed.policy_version
+            checkpoint.restore(self._collector, resumed.position, resumed.restore_env)
+            self._episodes.reset()
+            self._positions.clear()
+            self._remember()
 
     def state_dict(self) -> dict:
         with self._busy:

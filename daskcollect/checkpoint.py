@@ -1,0 +1,112 @@
+"""Checkpoints of a collection, and a new collection that continues one.
+
+The driver counts what it yielded; each collector actor keeps where it stood
+after each rollout (:mod:`daskcollect.worker.checkpoint`). A checkpoint holds,
+for each collector, the position after the last rollout the driver yielded,
+so that nothing yielded is collected again and nothing unyielded is lost:
+rollouts in flight, or finished but not yet yielded, are collected again by
+the resumed run from the same position.
+
+Frame accounting across a resume is exact: the resumed run yields
+``total_frames`` less the frames counted in the checkpoint, and every frame's
+``("collector", "collector_id")`` and ``("collector", "rollout_id")`` pair is
+new. With ``restore_envs=True`` (stateless envs) each trajectory continues
+where it stood, under the same trajectory id; otherwise each collector starts
+new trajectories from its restored random-number generators.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from daskcollect.errors import ConfigurationError
+from daskcollect.worker.checkpoint import Position, Resumed
+
+FORMAT = "daskcollect-checkpoint-1"
+
+
+class Yielded:
+    """Per collector index, the actor uid and rollouts done at its last yielded rollout."""
+
+    def __init__(self) -> None:
+        self.last: dict[int, tuple[int, int]] = {}
+
+    def record(self, rollouts: list[Any]) -> None:
+        """Notes the rollouts of a batch the driver is about to yield."""
+        for r in rollouts:
+            self.last[r.index] = (r.uid, r.rollout_id + 1)
+
+    def start(self, index: int, uid: int, rollouts: int) -> None:
+        """Notes that actor ``uid`` at ``index`` starts (resumed) with ``rollouts`` done."""
+        self.last[index] = (uid, rollouts)
+
+    def after(self, index: int, uid: int) -> int:
+        """Rollouts done by actor ``uid`` at collector ``index``'s last yield (0: it yielded none)."""
+        known = self.last.get(index)
+        return known[1] if known is not None and known[0] == uid else 0
+
+
+def take(engine: Any, yielded: Yielded, counters: dict[str, Any], timeout: float) -> OrderedDict:
+    """The checkpoint of ``engine``'s collection (``counters``: frames, iterations, the batch options).
+
+    Raises:
+        CollectorTimeoutError: If a collector does not answer within ``timeout``.
+    """
+    slots = sorted(engine.pool.slots, key=lambda s: s.index)
+    asks = [(s, yielded.after(s.index, s.uid)) for s in slots]
+    calls = [(s, done, s.actor.position(done)) for s, done in asks]
+    collectors = []
+    for slot, done, call in calls:
+        position = call.result(timeout=timeout)
+        collectors.append(
+            {"index": slot.index, "incarnation": slot.uid, "rollouts": done, "position": position}
+        )
+    return OrderedDict(
+        format=FORMAT,
+        **counters,
+        policy_version=engine.router.version,
+        seed=engine.seed,
+        in_flight=sorted(f.slot.index for f in engine.pool.running()),
+        collectors=collectors,
+    )
+
+
+def resume(engine: Any, yielded: Yielded, state: dict[str, Any], restore_envs: bool, timeout: float) -> None:
+    """Makes ``engine``'s new collectors continue the collection checkpointed in ``state``.
+
+    Raises:
+        ConfigurationError: If ``state`` is not a checkpoint, or was taken with
+            another number of collectors.
+    """
+    entries = state.get("collectors") or []
+    slots = sorted(engine.pool.slots, key=lambda s: s.index)
+    if len(entries) != len(slots):
+        raise ConfigurationError(
+            f"The checkpoint holds {len(entries)} collectors but this collector has {len(slots)}. "
+            "Resume it with as many collectors (num_collectors=)."
+        )
+    # Labels taken by the checkpointed run: the resumed one (and its replacements) go past them.
+    taken = [e["incarnation"] for e in entries] + [
+        e["position"].namespace for e in entries if e["position"] is not None
+    ]
+    fresh = max(taken, default=-1) + 1
+    engine.pool.reserve_uids(fresh + len(slots))
+    version = int(state.get("policy_version", 0))
+    calls = []
+    for i, (slot, entry) in enumerate(zip(slots, entries)):
+        position: Position | None = entry["position"]
+        continued = position is not None and position.continuable
+        resumed = Resumed(
+            namespace=position.namespace if continued else fresh + i,
+            incarnation=fresh + i,
+            rollouts=int(entry["rollouts"]),
+            policy_version=version,
+            position=position,
+            restore_env=restore_envs and continued,
+        )
+        calls.append(slot.actor.resume(resumed))
+        yielded.start(slot.index, slot.uid, resumed.rollouts)
+    for call in calls:
+        call.result(timeout=timeout)
+    engine.router.version = version
