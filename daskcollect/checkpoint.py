@@ -54,11 +54,17 @@ def take(engine: Any, yielded: Yielded, counters: dict[str, Any], timeout: float
         CollectorTimeoutError: If a collector does not answer within ``timeout``.
     """
     slots = sorted(engine.pool.slots, key=lambda s: s.index)
+    sync = engine.spec.batch.sync
     asks = [(s, yielded.after(s.index, s.uid)) for s in slots]
-    calls = [(s, done, s.actor.position(done)) for s, done in asks]
+    # Sync: the collectors are idle between batches, where they stand is the position. Async: they
+    # were re-armed, and each kept its position after the rollout the driver yielded last.
+    calls = [(s, done, s.actor.position_now() if sync else s.actor.position(done)) for s, done in asks]
     collectors = []
     for slot, done, call in calls:
         position = call.result(timeout=timeout)
+        if sync:
+            now, position = position
+            position = position if now == done else None
         collectors.append(
             {"index": slot.index, "incarnation": slot.uid, "rollouts": done, "position": position}
         )

@@ -270,8 +270,10 @@ class CollectorActor:
             self._remember()
 
     def _remember(self) -> None:
-        """Keeps where the collector stands now, once ``self.rollouts`` rollouts are done."""
-        self._positions[self.rollouts] = checkpoint.capture(self._collector, self.namespace)
+        """Async mode: keeps where the collector stands now, once ``self.rollouts`` rollouts are done."""
+        if not self.spec.keep_positions:
+            return
+        self._positions[self.rollouts] = checkpoint.capture(self._collector, self.namespace, generators=False)
         for done in [k for k in self._positions if k < self.rollouts - checkpoint.KEPT]:
             del self._positions[done]
 
@@ -281,6 +283,11 @@ class CollectorActor:
         An ``async`` method: it answers at once, even while a rollout runs.
         """
         return self._positions.get(rollouts)
+
+    def position_now(self) -> tuple[int, Position]:
+        """The rollouts done and where the collector stands (sync mode: it is idle between batches)."""
+        with self._busy:
+            return self.rollouts, checkpoint.capture(self._collector, self.namespace)
 
     def resume(self, resumed: Resumed) -> None:
         """Continues another incarnation's collection: its trajectories, counters and position.

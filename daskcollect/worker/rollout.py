@@ -34,6 +34,8 @@ class ActorSpec:
         gc_freeze: ``gc.freeze()`` once the collector is built.
         replay_buffer: The actor of a :class:`~daskcollect.DaskReplayBuffer`:
             each rollout extends it from here, and only its record goes back.
+        keep_positions: Keep the collector's position after each rollout,
+            for checkpoints in async mode (:mod:`daskcollect.worker.checkpoint`).
         weight_receiver: The receiving side of the weight-sync scheme, a
             copy of which is registered on each TorchRL collector built
             here; ``None`` when updates are off.
@@ -49,6 +51,7 @@ class ActorSpec:
     weights_timeout: float = 60.0
     gc_freeze: bool = True
     replay_buffer: Any = None
+    keep_positions: bool = False
     weight_receiver: Any = None
 
 
