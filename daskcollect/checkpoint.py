@@ -116,3 +116,39 @@ def resume(engine: Any, yielded: Yielded, state: dict[str, Any], restore_envs: b
     for call in calls:
         call.result(timeout=timeout)
     engine.router.version = version
+
+
+def check(state: Any, **expected: Any) -> None:
+    """Checks that ``state`` is a checkpoint taken with the ``expected`` batch options.
+
+    Raises:
+        ConfigurationError: Naming the first difference and the fix.
+    """
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise ConfigurationError(
+            "This is not a DaskCollector checkpoint (from state_dict()). Pass one, or a list of "
+            "TorchRL state dicts, one per collector."
+        )
+    for key, mine in expected.items():
+        if state.get(key) != mine:
+            raise ConfigurationError(
+                f"The checkpoint was taken with {key}={state.get(key)!r}, this collector has "
+                f"{mine!r}. Resume with the same {key}."
+            )
+
+
+def load_torchrl_states(engine: Any, per_collector: list[dict], timeout: float) -> None:
+    """Loads one TorchRL state dict into each collector, in index order (``RayCollector``'s form).
+
+    Raises:
+        ConfigurationError: If their number differs from the collectors'.
+    """
+    slots = sorted(engine.pool.slots, key=lambda s: s.index)
+    if len(per_collector) != len(slots):
+        raise ConfigurationError(
+            f"The state dict holds {len(per_collector)} collectors but this collector has "
+            f"{len(slots)}. Load it into a DaskCollector with as many collectors."
+        )
+    calls = [s.actor.load_state_dict(sd) for s, sd in zip(slots, per_collector)]
+    for call in calls:
+        call.result(timeout=timeout)

@@ -34,7 +34,14 @@ from torchrl.collectors.utils import split_trajectories
 
 from daskcollect import _internals, checkpoint, orphans, retirement
 from daskcollect.background import BackgroundCollection
-from daskcollect.cluster import ClusterHandle, close_at_exit, connect, eligible_workers, wait_for_workers
+from daskcollect.cluster import (
+    ClusterHandle,
+    close_at_exit,
+    connect,
+    eligible_workers,
+    share_cores,
+    wait_for_workers,
+)
 from daskcollect.engine import Engine
 from daskcollect.errors import CollectorClosedError, ConfigurationError, EndlessCollectionError
 from daskcollect.iteration import AsyncIteration, SyncIteration
@@ -45,7 +52,7 @@ from daskcollect.scheduler_plugins import Lease
 from daskcollect.serialization import register_serializers
 from daskcollect.settings import Settings
 from daskcollect.spec import CollectionSpec
-from daskcollect.weights.scheme import DaskWeightSyncScheme
+from daskcollect.weights.scheme import start_senders
 from daskcollect.worker.plugin import WorkerSetup
 from daskcollect.worker.rollout import Rollout
 
@@ -291,37 +298,9 @@ class DaskCollector(BaseCollector):
         self._leases = [held for held in leases if held is not None]
         module = self.policy if isinstance(self.policy, torch.nn.Module) else None
         self._engine = Engine(client, spec, settings, n, recipes, module, push=self._refresh_weights)
-        for model_id, scheme in (self.spec.weights.schemes or {}).items():
-            scheme.init_on_sender(model_id=model_id, context=self, publish=self._publish)
-            if isinstance(scheme, DaskWeightSyncScheme):
-                scheme.connect()
+        start_senders(self.spec.weights.schemes, self, self._publish)
         self._engine.start()
-        self._share_cores()
-
-    def _share_cores(self) -> None:
-        """Leaves the cores of collectors on this host to them, as TorchRL's multiprocess collectors do.
-
-        With ``daskcollect.driver.torch-threads: auto``, the driver's torch
-        threads become the cores less the collectors on this host (at least 1)
-        until shutdown: a learner's thread pool on cores busy with rollouts
-        spins and slows down (DQN's gradient steps ran 2-3 times slower).
-        """
-        setting = self.settings.driver_torch_threads
-        if setting is None:
-            return
-        if setting == "auto":
-            slots = self._engine.pool.slots
-            if self._engine.router.probe is not None:
-                here = sum(s.on_driver_host for s in slots)
-            else:  # no probe: only a private cluster is known to be on this host
-                here = len(slots) if self._handle.cluster is not None else 0
-            if not here:
-                return
-            threads = max(1, torch.get_num_threads() - here)
-        else:
-            threads = int(setting)
-        self._driver_threads = torch.get_num_threads()
-        torch.set_num_threads(threads)
+        self._driver_threads = share_cores(self.settings.driver_torch_threads, self._engine, self._handle)
 
     # --- properties -------------------------------------------------------
     @property
@@ -648,35 +627,14 @@ class DaskCollector(BaseCollector):
         """
         self._check_open()
         if isinstance(state_dict, (list, tuple)):
-            self._load_torchrl_states(list(state_dict))
+            checkpoint.load_torchrl_states(self._engine, list(state_dict), self.settings.timeouts.call)
             return
-        if state_dict.get("format") != checkpoint.FORMAT:
-            raise ConfigurationError(
-                "This is not a DaskCollector checkpoint (from state_dict()). Pass one, or a list of "
-                "TorchRL state dicts, one per collector."
-            )
-        for key, mine in (("frames_per_batch", self.frames_per_batch), ("sync", self.spec.batch.sync)):
-            if state_dict[key] != mine:
-                raise ConfigurationError(
-                    f"The checkpoint was taken with {key}={state_dict[key]!r}, this collector has "
-                    f"{mine!r}. Resume with the same {key}."
-                )
+        checkpoint.check(state_dict, frames_per_batch=self.frames_per_batch, sync=self.spec.batch.sync)
         self._engine.pool.drain(self.settings.timeouts.rollout)  # nothing collected before may be yielded
         checkpoint.resume(self._engine, self._yielded, state_dict, restore_envs, self.settings.timeouts.call)
         self._frames = state_dict["frames"]
         self._iter = state_dict["iterations"] - 1
         self._resumed_pass = state_dict["pass_batches"]
-
-    def _load_torchrl_states(self, per_collector: list[dict]) -> None:
-        slots = self._engine.pool.slots
-        if len(per_collector) != len(slots):
-            raise ConfigurationError(
-                f"The state dict holds {len(per_collector)} collectors but this collector has "
-                f"{len(slots)}. Load it into a DaskCollector with as many collectors."
-            )
-        calls = [s.actor.load_state_dict(sd) for s, sd in zip(slots, per_collector)]
-        for call in calls:
-            call.result(timeout=self.settings.timeouts.call)
 
     # --- shutdown -----------------------------------------------------------
     def shutdown(

@@ -270,3 +270,11 @@ def receiver(updater: Any, schemes: Mapping[str, WeightSyncScheme] | None) -> Da
         return DaskWeightSyncScheme()
     scheme = (schemes or {}).get("policy")
     return scheme if isinstance(scheme, DaskWeightSyncScheme) else None
+
+
+def start_senders(schemes: Mapping[str, WeightSyncScheme] | None, context: Any, publish: Publish) -> None:
+    """Runs the driver's side of TorchRL's two phases, ``init_on_sender`` then ``connect``."""
+    for model_id, scheme in (schemes or {}).items():
+        scheme.init_on_sender(model_id=model_id, context=context, publish=publish)
+        if isinstance(scheme, DaskWeightSyncScheme):
+            scheme.connect()  # NoWeightSyncScheme has nothing to connect
