@@ -109,7 +109,10 @@ class DaskCollector(BaseCollector):
         max_weight_update_interval: Refresh a collector that produced more than
             this many batches on its current weights; ``-1`` disables.
         track_policy_version: Write the weights' version under
-            ``"policy_version"`` in every frame.
+            ``"policy_version"`` (and ``("next", "policy_version")``) in every frame.
+        trace_frames: Label every frame with ``("collector", "index")``,
+            ``"collector_id"`` (the incarnation) and ``"rollout_id"``;
+            ``False`` leaves them out, at no cost.
         weight_sync_schemes: As in ``RayCollector``: ``{"policy": scheme}``.
             The default is ``{"policy": DaskWeightSyncScheme()}``;
             ``NoWeightSyncScheme()`` turns updates off, and a
@@ -193,6 +196,7 @@ class DaskCollector(BaseCollector):
         update_after_each_batch: bool = False,
         max_weight_update_interval: int = -1,
         track_policy_version: bool = False,
+        trace_frames: bool = True,
         weight_sync_schemes: Mapping[str, Any] | None = None,
         weight_updater: Any = None,
         client: Any = None,

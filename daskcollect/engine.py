@@ -123,6 +123,7 @@ class Engine:
             weights_timeout=settings.timeouts.weights,
             gc_freeze=settings.worker.gc_freeze,
             replay_buffer=getattr(spec.output.replay_buffer, "actor", None),
+            trace_frames=spec.output.trace_frames,
             keep_positions=not spec.batch.sync,
             weight_receiver=weight_scheme.receiver(spec.weights.updater, spec.weights.schemes),
         )

@@ -160,6 +160,8 @@ class OutputOptions:
         max_unreleased: Bound on rollout folders on disk not yet released; no
             new rollout starts while it is reached.
         replay_buffer: A TorchRL ``ReplayBuffer`` extended with each batch.
+        trace_frames: Label every frame with the collector, incarnation and
+            rollout that made it.
     """
 
     output: str = "tensordict"
@@ -167,6 +169,7 @@ class OutputOptions:
     memmap_retention: str | int = "release"
     max_unreleased: int = 16
     replay_buffer: Any = None
+    trace_frames: bool = True
 
     def __post_init__(self):
         if self.output not in ("tensordict", "memmap"):

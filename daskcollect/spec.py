@@ -188,6 +188,7 @@ class CollectionSpec:
         output = OutputOptions(
             kw["output"], kw["memmap_dir"], kw["memmap_retention"],
             settings.max_unreleased if max_unreleased is None else max_unreleased, kw["replay_buffer"],
+            bool(kw["trace_frames"]),
         )  # fmt: skip
         if output.memmap and (batch.postproc is not None or batch.split_trajs):
             raise ConfigurationError(

@@ -3,18 +3,26 @@
     python examples/ppo_cartpole.py                       # DaskCollector, 2 collectors
     python examples/ppo_cartpole.py --collector torchrl   # the same run on MultiSyncCollector
     python examples/ppo_cartpole.py --device cuda         # learner on the GPU, actors on CPU
+    python examples/ppo_cartpole.py --checkpoint ckpt.pt  # resumes from ckpt.pt if it exists
 
 TorchRL's PPO pieces (GAE, ClipPPOLoss) as in its tutorials. Each iteration
 collects one synchronous batch, trains on it, and sends the new weights to the
 collectors (serialized once, scattered once). It logs the mean return of the
 episodes that ended in the batch and stops once the mean of the last 20
 episodes reaches --target (CartPole-v1 is solved at 475).
+
+With --checkpoint, everything the run needs to go on (the collection's
+checkpoint, the networks, the optimizer, the driver's random generator, the
+returns so far) replaces that file after every batch, and a run started on an
+existing file continues it. --stop-after ends the run early, as a job whose
+walltime ran out, so that the next one resumes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections import deque
 
@@ -41,6 +49,12 @@ parser.add_argument("--target", type=float, default=475.0, help="stop when the m
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--device", default="cpu", help="the learner's device; collectors act on CPU")
 parser.add_argument("--log", default=None, help="append one JSON line per iteration to this file")
+parser.add_argument(
+    "--checkpoint", default=None, help="checkpoint file: saved after each batch, resumed from"
+)
+parser.add_argument(
+    "--stop-after", type=int, default=None, help="stop once this many frames are checkpointed"
+)
 
 
 def make_env():
@@ -62,11 +76,18 @@ def make_modules(device: str):
 
 
 def main(args) -> dict:
+    if args.checkpoint and args.collector != "dask":
+        parser.error("--checkpoint resumes a DaskCollector run: use it with --collector dask")
     torch.manual_seed(args.seed)
     actor, critic = make_modules(args.device)
+    saved = None
+    if args.checkpoint and os.path.exists(args.checkpoint):
+        saved = torch.load(args.checkpoint, weights_only=False)
+        actor.load_state_dict(saved["actor"])
+        critic.load_state_dict(saved["critic"])
     # The collectors act with a CPU copy; the learner trains `actor` on args.device.
     acting_policy, _ = make_modules("cpu")
-    acting_policy.load_state_dict(actor.state_dict())
+    acting_policy.load_state_dict({k: v.cpu() for k, v in actor.state_dict().items()})
 
     if args.collector == "dask":
         collector = DaskCollector(
@@ -91,10 +112,17 @@ def main(args) -> dict:
     loss_fn = ClipPPOLoss(actor, critic, clip_epsilon=0.2, entropy_coeff=0.01, critic_coeff=0.5)
     optim = torch.optim.Adam(loss_fn.parameters(), lr=args.lr)
     returns: deque[float] = deque(maxlen=20)
-    frames, start, solved_at = 0, time.monotonic(), None
+    frames, start, solved_at, first = 0, time.monotonic(), None, 0
+    if saved is not None:  # go on where the checkpoint left off
+        collector.load_state_dict(saved["collector"])
+        optim.load_state_dict(saved["optim"])
+        returns.extend(saved["returns"])
+        frames, first = saved["frames"], saved["iteration"]
+        start -= saved["seconds"]
+        torch.set_rng_state(saved["rng"])
     log = open(args.log, "a") if args.log else None
 
-    for i, batch in enumerate(collector):
+    for i, batch in enumerate(collector, start=first):
         frames += batch.numel()
         done = batch["next", "done"].squeeze(-1)
         returns.extend(batch["next", "episode_reward"][done].flatten().tolist())
@@ -127,6 +155,15 @@ def main(args) -> dict:
         if len(returns) == returns.maxlen and mean >= args.target:
             solved_at = frames
             break
+        if args.checkpoint:
+            state = {"collector": collector.state_dict(), "actor": actor.state_dict(), "critic": critic.state_dict(),
+                     "optim": optim.state_dict(), "returns": list(returns), "frames": frames, "iteration": i + 1,
+                     "rng": torch.get_rng_state(), "seconds": time.monotonic() - start}  # fmt: skip
+            torch.save(state, args.checkpoint + ".tmp")
+            os.replace(args.checkpoint + ".tmp", args.checkpoint)  # a crash mid-save keeps the last one
+            if args.stop_after is not None and frames >= args.stop_after:
+                print(f"stopped after {frames} frames; run again with --checkpoint to go on", flush=True)
+                break
 
     collector.shutdown()
     seconds = time.monotonic() - start

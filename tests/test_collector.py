@@ -265,3 +265,19 @@ def test_a_collector_left_open_at_interpreter_exit_raises_nothing(cluster, tmp_p
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "100", out.stderr[-3000:]
     assert "__del__" not in out.stderr and "'NoneType' object" not in out.stderr, out.stderr[-3000:]
+
+
+def test_frames_say_where_they_came_from_unless_tracing_is_off(client):
+    kwargs = dict(frames_per_batch=40, total_frames=80, sync=True, track_policy_version=True, client=client)
+    with DaskCollector(make_cartpole, cartpole_policy(), **kwargs) as collector:
+        batch = next(iter(collector))
+        collector.update_policy_weights_()
+        later = next(iter(collector))
+    assert batch["collector", "index"][:, 0].tolist() == [0, 1]
+    assert batch["collector", "rollout_id"].unique().tolist() == [0]
+    assert (batch["next", "policy_version"] == 0).all() and (later["policy_version"] == 1).all()
+    with DaskCollector(make_cartpole, cartpole_policy(), trace_frames=False, **kwargs) as collector:
+        batch = next(iter(collector))
+    keys = set(batch.keys(True, True))
+    assert not keys & {("collector", "index"), ("collector", "collector_id"), ("collector", "rollout_id")}
+    assert ("collector", "traj_ids") in keys and "policy_version" in keys

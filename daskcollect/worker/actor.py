@@ -206,12 +206,17 @@ class CollectorActor:
         if ids is not None and namespace:
             offset = namespace << TRAJ_ID_BITS
             batch.set(("collector", "traj_ids"), torch.where(ids >= 0, ids + offset, ids))
-        # Each frame names the actor incarnation and rollout that made it: a
-        # (collector_id, rollout_id) pair is never yielded twice.
-        batch.set(("collector", "collector_id"), torch.full(batch.shape, self.incarnation, dtype=torch.int64))
-        batch.set(("collector", "rollout_id"), torch.full(batch.shape, self.rollouts, dtype=torch.int64))
+        if self.spec.trace_frames:
+            # Each frame names the collector, incarnation and rollout that made it: a
+            # (collector_id, rollout_id) pair is never yielded twice.
+            for key, value in (("index", self.spec.index), ("collector_id", self.incarnation),
+                               ("rollout_id", self.rollouts)):  # fmt: skip
+                batch.set(("collector", key), torch.full(batch.shape, value, dtype=torch.int64))
         if self.spec.track_policy_version:
-            batch.set("policy_version", torch.full(batch.shape, self.policy_version, dtype=torch.int64))
+            version = torch.full(batch.shape, self.policy_version, dtype=torch.int64)
+            batch.set("policy_version", version)  # TorchRL's key (its PolicyVersion transform's)
+            if "next" in batch.keys():
+                batch.set(("next", "policy_version"), version)
         return batch
 
     def _extend_buffer(self, batch: TensorDictBase) -> None:

@@ -34,6 +34,8 @@ class ActorSpec:
         gc_freeze: ``gc.freeze()`` once the collector is built.
         replay_buffer: The actor of a :class:`~daskcollect.DaskReplayBuffer`:
             each rollout extends it from here, and only its record goes back.
+        trace_frames: Label each frame with ``("collector", "index")``,
+            ``"collector_id"`` (the incarnation) and ``"rollout_id"``.
         keep_positions: Keep the collector's position after each rollout,
             for checkpoints in async mode (:mod:`daskcollect.worker.checkpoint`).
         weight_receiver: The receiving side of the weight-sync scheme, a
@@ -51,6 +53,7 @@ class ActorSpec:
     weights_timeout: float = 60.0
     gc_freeze: bool = True
     replay_buffer: Any = None
+    trace_frames: bool = True
     keep_positions: bool = False
     weight_receiver: Any = None
 
