@@ -54,6 +54,18 @@ def test_ppo_example_learns():
     assert returns[-1] >= 100, out  # mean of 20 episodes: ~30 standard errors above a random policy
 
 
+def test_ppo_example_stops_and_resumes_from_its_checkpoint(tmp_path):
+    """Stopped after 2 of 4 batches, as a job past its walltime, then started again on the checkpoint."""
+    ckpt = str(tmp_path / "ckpt.pt")
+    args = ["--frames", "4096", "--frames-per-batch", "1024", "--epochs", "1", "--target", "1e9",
+            "--checkpoint", ckpt]  # fmt: skip
+    first = run_example("ppo_cartpole.py", *args, "--stop-after", "2048")
+    assert "stopped after 2048 frames" in first and re.findall(r"iter +(\d+)", first) == ["0", "1"]
+    second = run_example("ppo_cartpole.py", *args)
+    assert re.findall(r"iter +(\d+)  frames +(\d+)", second) == [("2", "3072"), ("3", "4096")], second
+    assert torch.load(ckpt, weights_only=False)["collector"]["frames"] == 4096  # after the last batch
+
+
 @pytest.mark.slow
 def test_dqn_example_learns():
     """20k DQN frames, async, 5 greedy evaluations: the best beats a random policy (about 22) by far.
