@@ -114,7 +114,11 @@ def test_sync_matches_torchrl_collectors_value_for_value(client):
         ids = expected["collector", "traj_ids"]
         offsets = torch.arange(n).view(n, 1) << TRAJ_ID_BITS
         expected["collector", "traj_ids"] = torch.where(ids >= 0, ids + offsets, ids)
-        ours = {("collector", "collector_id"), ("collector", "rollout_id")}  # provenance keys
+        ours = {
+            ("collector", "index"),
+            ("collector", "collector_id"),
+            ("collector", "rollout_id"),
+        }  # provenance
         assert set(batch.keys(True, True)) == set(expected.keys(True, True)) | ours
         for key in expected.keys(True, True):
             torch.testing.assert_close(batch[key], expected[key], msg=f"key {key} differs")

@@ -48,7 +48,8 @@ def test_a_dask_scheme_sends_to_the_collectors_named(client, strategy):
         assert acted(next(batches)) == [{1.0}, {2.0}]
         scheme.send(weights_of(5.0))  # TorchRL's scheme API reaches every collector
         assert acted(next(batches)) == [{5.0}, {5.0}]
-    assert scheme.initialized_on_sender
+        assert scheme.initialized_on_sender and scheme.synchronized_on_sender
+    assert not scheme.initialized_on_sender  # let go at shutdown
 
 
 @pytest.mark.parametrize("source", ["policy", "policy_factory"])
@@ -168,6 +169,18 @@ def test_keywords_that_cannot_work_are_refused_before_any_cluster_is_touched(key
         DaskCollector([CountingEnv], CountingPolicy(), frames_per_batch=10, client="tcp://127.0.0.1:9",
                       **keywords)  # fmt: skip
     assert time.monotonic() - started < 5
+
+
+def test_a_scheme_serves_one_collection_at_a_time(client):
+    scheme = DaskWeightSyncScheme()
+    with collector_for(client, weight_sync_schemes={"policy": scheme}):
+        with pytest.raises(ConfigurationError, match="already serves another collector"):
+            collector_for(client, weight_sync_schemes={"policy": scheme})
+    with collector_for(client, weight_sync_schemes={"policy": scheme}) as again:  # free once shut down
+        batches = iter(again)
+        next(batches)
+        again.update_policy_weights_(weights_of(3.0))
+        assert acted(next(batches)) == [{3.0}, {3.0}]
 
 
 def test_models_other_than_the_policy_are_refused_at_update(client):

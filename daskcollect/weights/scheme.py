@@ -152,8 +152,10 @@ class DaskWeightSyncScheme(WeightSyncScheme):
         return weights
 
     def shutdown(self) -> None:
+        """Lets go of the collection; the scheme may then serve a new ``DaskCollector``."""
         self._publish = None
         super().shutdown()
+        self.__setstate__(self.__getstate__())  # TorchRL's way to erase a scheme's state (its pickling)
 
 
 with warnings.catch_warnings():
@@ -220,6 +222,11 @@ def _check_updater(updater: Any) -> None:
 
 def _check_scheme(scheme: Any) -> WeightSyncScheme:
     if isinstance(scheme, (DaskWeightSyncScheme, NoWeightSyncScheme)):
+        if scheme.initialized_on_sender:
+            raise ConfigurationError(
+                f"This {type(scheme).__name__} already serves another collector. Pass a new scheme to "
+                "each DaskCollector, e.g. weight_sync_schemes={'policy': DaskWeightSyncScheme()}."
+            )
         return scheme
     if isinstance(scheme, RayWeightSyncScheme):
         warnings.warn(

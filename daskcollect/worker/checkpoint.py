@@ -9,7 +9,7 @@ restores it. In sync mode the collectors are idle between batches, so that
 position is taken when the checkpoint is. In async mode a collector is
 re-armed before its batch is yielded, so the actor keeps the position after
 each rollout (the last :data:`KEPT`, without the generators: async mode is
-not value-exact), about 65 µs a rollout.
+not value-exact), 65 to 100 µs a rollout.
 
 The carrier is the env's whole state only for a stateless env (TorchRL's
 ``PendulumEnv``, or any env whose state is in its tensordict): there a
