@@ -110,6 +110,9 @@ class DaskCollector(BaseCollector):
             this many batches on its current weights; ``-1`` disables.
         track_policy_version: Write the weights' version under
             ``"policy_version"`` (and ``("next", "policy_version")``) in every frame.
+        max_policy_lag: Async mode: a bound on how many weight versions a
+            yielded batch may be behind the driver's, kept by pacing the
+            collectors, never by dropping frames (docs/api.md); ``None``: none.
         trace_frames: Label every frame with ``("collector", "index")``,
             ``"collector_id"`` (the incarnation) and ``"rollout_id"``;
             ``False`` leaves them out, at no cost.
@@ -197,6 +200,7 @@ class DaskCollector(BaseCollector):
         max_weight_update_interval: int = -1,
         track_policy_version: bool = False,
         trace_frames: bool = True,
+        max_policy_lag: int | None = None,
         weight_sync_schemes: Mapping[str, Any] | None = None,
         weight_updater: Any = None,
         client: Any = None,
@@ -423,7 +427,9 @@ class DaskCollector(BaseCollector):
         if self.spec.batch.sync:
             source = SyncIteration(self._engine, self._remaining)
         else:
-            source = AsyncIteration(self._engine, self._remaining, self.settings.async_depth)
+            source = AsyncIteration(
+                self._engine, self._remaining, self.settings.async_depth, self.spec.weights.max_policy_lag
+            )
         for rollouts in source:
             self._iter += 1
             self._pass_batches += 1

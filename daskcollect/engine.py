@@ -250,7 +250,7 @@ class Engine:
     # --- rollouts and the failure policy -----------------------------------
     def submit(self, slot: Slot) -> bool:
         """Starts a rollout on ``slot`` with the weights it has not loaded yet; ``False`` if retiring."""
-        return self.pool.submit(slot, self.router.pending(slot.index))
+        return self.pool.submit(slot, self.router.pending(slot.index), self.router.sent_version(slot.index))
 
     def next_rollout(self) -> Rollout | Lost:
         """The next finished rollout, or what was lost instead (counted, and replaced when possible).

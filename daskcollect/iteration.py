@@ -52,21 +52,39 @@ class SyncIteration:
                 yield [results[i] for i in sorted(results)]
 
 
+def lag_feasible(versions: list[int], now: int, bound: int, yields_before: int = 0) -> bool:
+    """Whether rollouts of these weights versions can all be yielded within ``bound`` versions.
+
+    Yielded oldest first, with at most one update per yield (as a training
+    loop sends), the ``j``-th is yielded at version ``now + yields_before + j``
+    at most.
+    """
+    return all(now + yields_before + j - v <= bound for j, v in enumerate(sorted(versions)))
+
+
 class AsyncIteration:
     """Keeps ``depth`` rollout calls queued on each collector and yields them as they finish.
+
+    With ``max_lag``, collectors are paced instead: a call starts only while
+    every rollout outstanding can still be yielded within the bound, and a
+    finished rollout waits while an older one still running must go first.
+    Nothing is dropped.
 
     Args:
         engine: The engine.
         remaining: Batches still to yield in this pass.
         depth: Calls queued per collector (``daskcollect.async-depth``).
+        max_lag: The bound on a yielded batch's policy lag, or ``None``.
     """
 
-    def __init__(self, engine: Engine, remaining: Remaining, depth: int):
-        self.engine, self.remaining, self.depth = engine, remaining, depth
+    def __init__(self, engine: Engine, remaining: Remaining, depth: int, max_lag: int | None = None):
+        self.engine, self.remaining, self.depth, self.max_lag = engine, remaining, depth, max_lag
+        self._ready: list[Rollout] = []  # with max_lag: finished, waiting for an older one
 
     def _arm(self, slots: list[Slot], held: int) -> None:
         """Queues calls round robin, but no more than the pass still needs, nor than memmap
-        back-pressure allows (``held``: rollouts taken out but not yielded yet)."""
+        back-pressure allows (``held``: rollouts taken out but not yielded yet), nor than the
+        lag bound allows."""
         pool, ledger = self.engine.pool, self.engine.ledger
         if pool.num_inflight >= self.depth * len(slots):
             return  # every collector has its calls queued: the usual case once running
@@ -77,10 +95,33 @@ class AsyncIteration:
                     return
                 if ledger is not None and ledger.room(pool.num_inflight + held) <= 0:
                     return
-                if pool.inflight_count(slot) < self.depth:
+                if pool.inflight_count(slot) < self.depth and self._lag_allows(slot):
                     self.engine.submit(slot)
 
+    def _lag_allows(self, slot: Slot) -> bool:
+        if self.max_lag is None:
+            return True
+        router = self.engine.router
+        versions = self.engine.pool.inflight_versions() + [r.policy_version for r in self._ready]
+        if not versions:
+            return True  # nothing outstanding: frames must flow, even from a collector left behind
+        return lag_feasible([*versions, router.sent_version(slot.index)], router.version, self.max_lag)
+
+    def _pick(self) -> Rollout | None:
+        """The finished rollout to yield now (oldest weights first), or ``None``: wait for an older one."""
+        now, ready = self.engine.router.version, sorted(self._ready, key=lambda r: r.policy_version)
+        running = self.engine.pool.inflight_versions()
+        for i, rollout in enumerate(ready):
+            rest = [r.policy_version for r in ready[:i] + ready[i + 1 :]] + running
+            late = now - rollout.policy_version > self.max_lag  # already past it: do not make it worse
+            if late or lag_feasible(rest, now, self.max_lag, yields_before=1):
+                return rollout
+        return ready[0] if ready and not running else None
+
     def __iter__(self) -> Iterator[list[Rollout]]:
+        if self.max_lag is not None:
+            yield from self._paced()
+            return
         engine, pool = self.engine, self.engine.pool
         engine.refresh([s for s in pool.slots if not pool.inflight_count(s)])
         while True:
@@ -101,3 +142,29 @@ class AsyncIteration:
                 engine.refresh([slot])
                 self._arm([slot], held=1)
             yield [out]
+
+    def _paced(self) -> Iterator[list[Rollout]]:
+        """``__iter__`` with the lag bound: finished rollouts wait in ``_ready`` until their turn."""
+        engine, pool = self.engine, self.engine.pool
+        engine.refresh([s for s in pool.slots if not pool.inflight_count(s)])
+        while True:
+            engine.reconcile()
+            self._arm(pool.slots, held=len(self._ready))
+            left = self.remaining()
+            if left is not None and left <= 0:
+                return
+            pick = self._pick()
+            if pick is not None:
+                self._ready.remove(pick)
+                yield [pick]
+                continue
+            if not pool.num_inflight:
+                engine.wait_for_room(1)  # every rollout is held by the caller: wait for releases
+                continue
+            out = engine.next_rollout()
+            if isinstance(out, Lost):
+                continue  # the loop re-arms the replacement
+            self._ready.append(out)
+            slot = pool.slot(out.index)
+            if slot is not None and not slot.retiring:
+                engine.refresh([slot])

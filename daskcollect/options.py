@@ -78,6 +78,8 @@ class WeightOptions:
             many batches since its last update is refreshed; ``-1`` disables.
         track_policy_version: Write the weights' version under the
             ``"policy_version"`` key of every frame.
+        max_policy_lag: Async mode: no batch is yielded more than this many
+            versions behind the driver's weights; ``None``: no bound.
         updater: TorchRL's legacy ``weight_updater``, or ``None``.
         schemes: TorchRL's ``weight_sync_schemes`` (``{"policy": scheme}``),
             or ``None`` with an ``updater``.
@@ -88,8 +90,15 @@ class WeightOptions:
     track_policy_version: bool = False
     updater: Any = None
     schemes: Mapping[str, Any] | None = None
+    max_policy_lag: int | None = None
 
     def __post_init__(self):
+        lag = self.max_policy_lag
+        if lag is not None and (not isinstance(lag, int) or isinstance(lag, bool) or lag < 1):
+            raise ConfigurationError(
+                f"max_policy_lag must be an int >= 1 or None, got {lag!r}. A lag of 0 is sync mode: "
+                "pass sync=True."
+            )
         if not isinstance(self.max_weight_update_interval, int) or self.max_weight_update_interval < -1:
             raise ConfigurationError(
                 f"max_weight_update_interval must be an int >= -1, got "

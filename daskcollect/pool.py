@@ -93,6 +93,8 @@ class InFlight:
     weights: Sent | None
     started: float = field(default_factory=time.monotonic)
     outcome: tuple[bool, Any] | None = None
+    #: The oldest weights version the rollout can act with (the newest sent to its collector).
+    version: int = 0
 
     def done(self) -> bool:
         return self.outcome is not None
@@ -342,8 +344,9 @@ class ActorPool:
                 logger.debug("collector %d: no answer on shared memory (%s)", slot.index, exc)
 
     # --- rollouts ----------------------------------------------------------
-    def submit(self, slot: Slot, weights: Sent | None) -> bool:
-        """Queues a rollout on ``slot``'s stream, carrying ``weights`` when given.
+    def submit(self, slot: Slot, weights: Sent | None, version: int = 0) -> bool:
+        """Queues a rollout on ``slot``'s stream, carrying ``weights`` when given (``version``: see
+        :class:`InFlight`).
 
         Returns:
             ``False`` (nothing sent) if the slot's worker is retiring.
@@ -351,7 +354,7 @@ class ActorPool:
         with self.lock:
             if slot.retiring:
                 return False
-            flight = InFlight(slot, weights)
+            flight = InFlight(slot, weights, version=version)
             self._inflight.add(flight)
             slot.inflight += 1
             self._calls.setdefault(slot.uid, deque()).append(flight)
@@ -382,6 +385,11 @@ class ActorPool:
     def inflight_count(self, slot: Slot) -> int:
         """Rollout calls in flight on ``slot``."""
         return slot.inflight
+
+    def inflight_versions(self) -> list[int]:
+        """The oldest weights version of every call not consumed yet."""
+        with self.lock:
+            return [f.version for f in self._inflight]
 
     def running(self) -> list[InFlight]:
         """The calls still running on their workers (done ones wait to be consumed)."""

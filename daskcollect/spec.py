@@ -174,7 +174,7 @@ class CollectionSpec:
         updater, schemes = weight_scheme.resolve(kw["weight_updater"], kw["weight_sync_schemes"])
         weights = WeightOptions(
             kw["update_after_each_batch"], kw["max_weight_update_interval"], bool(kw["track_policy_version"]),
-            updater, schemes,
+            updater, schemes, kw["max_policy_lag"],
         )  # fmt: skip
         cluster = ClusterOptions(
             kw["client"],

@@ -5,8 +5,12 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+import dask
+import pytest
 import torch
+from makers import cartpole_policy, make_cartpole
 
+from daskcollect import ConfigurationError, DaskCollector
 from daskcollect.engine import Lost
 from daskcollect.iteration import AsyncIteration, SyncIteration
 from daskcollect.worker.rollout import Rollout
@@ -130,3 +134,39 @@ def test_async_skips_lost_rollouts_and_rearms():
     counter = Counter(2)
     batches = counter.take(AsyncIteration(engine, counter, depth=1))
     assert [b[0].index for b in batches] == [0, 0] and engine.submitted == [0, 0, 0]
+
+
+def test_lag_feasible_yields_oldest_first_one_update_each():
+    from daskcollect.iteration import lag_feasible
+
+    assert lag_feasible([5, 5], now=5, bound=1)  # yielded at 5 then 6: lags 0 and 1
+    assert not lag_feasible([5, 5, 5], now=5, bound=1)  # the third would be 2 behind
+    assert not lag_feasible([4], now=5, bound=1, yields_before=1)  # another batch first: 2 behind
+    assert lag_feasible([3, 6], now=6, bound=3)
+
+
+@pytest.mark.parametrize("bound", [None, 1])
+def test_max_policy_lag_paces_the_collectors_and_drops_nothing(client, bound):
+    """Two collectors with two calls queued each, one update per batch: unbounded, batches fall two or
+    more versions behind; with max_policy_lag=1, none does, and every frame still arrives once."""
+    lags, batches = [], []
+    with dask.config.set({"daskcollect.async-depth": 2}):
+        with DaskCollector(make_cartpole, cartpole_policy(), frames_per_batch=20, total_frames=20 * 40,
+                           num_collectors=2, track_policy_version=True, max_policy_lag=bound,
+                           client=client) as collector:  # fmt: skip
+            for batch in collector:
+                lags.append(collector.policy_version - int(batch["policy_version"].max()))
+                batches.append(batch)
+                collector.update_policy_weights_()
+    assert sum(b.numel() for b in batches) == 20 * 40
+    pairs = {(int(b["collector", "collector_id"][0]), int(b["collector", "rollout_id"][0])) for b in batches}
+    assert len(pairs) == len(batches)
+    if bound is None:
+        assert max(lags) >= 2, lags
+    else:
+        assert max(lags) <= bound, lags
+
+
+def test_max_policy_lag_must_be_a_positive_int():
+    with pytest.raises(ConfigurationError, match="sync=True"):
+        DaskCollector(make_cartpole, frames_per_batch=20, max_policy_lag=0, client="tcp://127.0.0.1:9")

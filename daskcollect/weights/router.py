@@ -144,6 +144,11 @@ class WeightRouter:
             unexpected=extra,
         )
 
+    def sent_version(self, index: int) -> int:
+        """The newest version sent to collector ``index`` (0: the weights it was built with)."""
+        sent = self._latest.get(index)
+        return sent.version if sent is not None else 0
+
     def pending(self, index: int) -> Sent | None:
         """The weights collector ``index`` has not loaded yet (its next call carries them)."""
         return self._pending.get(index)
