@@ -79,7 +79,7 @@ class AsyncIteration:
 
     def __init__(self, engine: Engine, remaining: Remaining, depth: int, max_lag: int | None = None):
         self.engine, self.remaining, self.depth, self.max_lag = engine, remaining, depth, max_lag
-        self._ready: list[Rollout] = []  # with max_lag: finished, waiting for an older one
+        self._ready: list[Rollout] = []  # finished, not yielded yet (with max_lag: waiting for an older one)
 
     def _arm(self, slots: list[Slot], held: int) -> None:
         """Queues calls round robin, but no more than the pass still needs, nor than memmap
@@ -107,8 +107,15 @@ class AsyncIteration:
             return True  # nothing outstanding: frames must flow, even from a collector left behind
         return lag_feasible([*versions, router.sent_version(slot.index)], router.version, self.max_lag)
 
-    def _pick(self) -> Rollout | None:
-        """The finished rollout to yield now (oldest weights first), or ``None``: wait for an older one."""
+    def _pick(self, draining: bool = False) -> Rollout | None:
+        """The finished rollout to yield now, or ``None``: wait for another.
+
+        Without a lag bound, the first finished; with one, the oldest weights
+        first, waiting while an older rollout still running must go first.
+        ``draining`` (the pass is over): whatever is in, so that nothing is left.
+        """
+        if self.max_lag is None or draining:
+            return self._ready[0] if self._ready else None
         now, ready = self.engine.router.version, sorted(self._ready, key=lambda r: r.policy_version)
         running = self.engine.pool.inflight_versions()
         for i, rollout in enumerate(ready):
@@ -119,52 +126,31 @@ class AsyncIteration:
         return ready[0] if ready and not running else None
 
     def __iter__(self) -> Iterator[list[Rollout]]:
-        if self.max_lag is not None:
-            yield from self._paced()
-            return
-        engine, pool = self.engine, self.engine.pool
-        engine.refresh([s for s in pool.slots if not pool.inflight_count(s)])
-        while True:
-            engine.reconcile()
-            self._arm(pool.slots, held=0)
-            left = self.remaining()
-            if left is not None and left <= 0:
-                return
-            if not pool.num_inflight:
-                engine.wait_for_room(1)  # every rollout is held by the caller: wait for releases
-                continue
-            out = engine.next_rollout()
-            if isinstance(out, Lost):
-                continue  # the loop re-arms the replacement
-            # Re-arm before yielding, so the collector works while the driver trains.
-            slot = pool.slot(out.index)
-            if slot is not None and not slot.retiring:
-                engine.refresh([slot])
-                self._arm([slot], held=1)
-            yield [out]
-
-    def _paced(self) -> Iterator[list[Rollout]]:
-        """``__iter__`` with the lag bound: finished rollouts wait in ``_ready`` until their turn."""
         engine, pool = self.engine, self.engine.pool
         engine.refresh([s for s in pool.slots if not pool.inflight_count(s)])
         while True:
             engine.reconcile()
             self._arm(pool.slots, held=len(self._ready))
             left = self.remaining()
-            if left is not None and left <= 0:
+            over = left is not None and left <= 0
+            if over and not self._ready:
                 return
-            pick = self._pick()
-            if pick is not None:
-                self._ready.remove(pick)
-                yield [pick]
-                continue
-            if not pool.num_inflight:
-                engine.wait_for_room(1)  # every rollout is held by the caller: wait for releases
-                continue
-            out = engine.next_rollout()
-            if isinstance(out, Lost):
-                continue  # the loop re-arms the replacement
-            self._ready.append(out)
-            slot = pool.slot(out.index)
-            if slot is not None and not slot.retiring:
-                engine.refresh([slot])
+            pick = self._pick(draining=over)
+            if pick is None:
+                if not pool.num_inflight:
+                    engine.wait_for_room(1)  # every rollout is held by the caller: wait for releases
+                    continue
+                out = engine.next_rollout()
+                if isinstance(out, Lost):
+                    continue  # the loop re-arms the replacement
+                self._ready.append(out)
+                # Re-arm before yielding, so the collector works while the driver trains.
+                slot = pool.slot(out.index)
+                if slot is not None and not slot.retiring:
+                    engine.refresh([slot])
+                    self._arm([slot], held=len(self._ready))
+                pick = self._pick()
+                if pick is None:
+                    continue  # with a lag bound: an older rollout still running goes first
+            self._ready.remove(pick)
+            yield [pick]
