@@ -308,10 +308,6 @@ class CollectorActor:
             self._positions.clear()
             self._remember()
 
-    def state_dict(self) -> dict:
-        with self._busy:
-            return self._collector.state_dict()
-
     def load_state_dict(self, state_dict: dict) -> None:
         with self._busy:
             self._collector.load_state_dict(state_dict)
