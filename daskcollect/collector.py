@@ -233,7 +233,7 @@ class DaskCollector(BaseCollector):
         self._driver_threads: int | None = None  # torch threads to restore at shutdown
         self._reporter: Reporter | None = None
         self._last_count = 0
-        #: The engine (actors, weights, failure policy); public for tests and tools.
+        #: The engine (actors, weights, failure policy), private to this collector.
         self._engine: Engine | None = None
         self.settings = Settings.load()
         self.spec = CollectionSpec.from_keywords(self.settings, keywords)
@@ -562,14 +562,13 @@ class DaskCollector(BaseCollector):
         given = [x for x in (policy_or_weights, weights, policy) if x is not None]
         if len(given) > 1:
             raise ConfigurationError("Pass weights once: positionally, as weights= or as policy=.")
-        models = set(kwargs.get("weights_dict") or ()) | {kwargs.get("model_id") or "policy"}
+        weights_dict = kwargs.pop("weights_dict", None)
+        models = set(weights_dict or ()) | {kwargs.pop("model_id", None) or "policy"}
         if models != {"policy"}:
             raise ConfigurationError(
                 f"DaskCollector syncs one model, 'policy'; got {sorted(models)}. Pass the policy's "
                 "weights without weights_dict or model_id."
             )
-        weights_dict = kwargs.pop("weights_dict", None)
-        kwargs.pop("model_id", None)
         source = given[0] if given else (weights_dict or {}).get("policy")
         super().update_policy_weights_(source, worker_ids=worker_ids, **kwargs)
 

@@ -54,19 +54,14 @@ class _Mailbox:
         weights, self._weights = self._weights, None
         return weights
 
-    def setup_connection_and_weights_on_sender(self) -> None:
-        """Nothing to set up: the collectors start from the weights in their recipe."""
-
-    def setup_connection_and_weights_on_receiver(self, **_: Any) -> None:
-        """Nothing to set up: weights come with rollout calls."""
-
 
 @register_weight_sync_backend("dask")
 class DaskWeightSyncScheme(WeightSyncScheme):
     """daskcollect's weight route (shared memory on the driver's host, a Dask scatter elsewhere).
 
-    Pass it as ``weight_sync_schemes={"policy": DaskWeightSyncScheme()}`` (TorchRL's
-    ``WeightSyncScheme.from_backend("dask")`` builds one too), or subclass it (e.g. to map the weights in :meth:`prepare_weights`). Each
+    Pass it as ``weight_sync_schemes={"policy": DaskWeightSyncScheme()}``
+    (TorchRL's ``WeightSyncScheme.from_backend("dask")`` builds one too), or
+    subclass it (e.g. to map the weights in :meth:`prepare_weights`). Each
     update is written once per route and versioned; a collector loads it
     before its next rollout.
 
@@ -120,7 +115,6 @@ class DaskWeightSyncScheme(WeightSyncScheme):
     def _init_on_receiver_impl(self, *, model_id: str, context: Any = None, **_: Any) -> None:
         self.model_id = model_id
         self.context = context
-        self._mailbox = _Mailbox()
 
     def _setup_connection_and_weights_on_receiver_impl(self, **_: Any) -> None:
         """Nothing to exchange: the collector was built with its first weights; later ones come with calls."""
