@@ -250,6 +250,27 @@ def subscribed_topics(scheduler: Any) -> list[str]:
     return sorted(str(name) for name, topic in topics.items() if topic.subscribers)
 
 
+def published_datasets(scheduler: Any) -> list[str]:
+    """The names of the datasets published on ``scheduler`` (``Client.list_datasets``, from inside)."""
+    try:
+        return sorted(map(str, scheduler.extensions["publish"].datasets))
+    except (AttributeError, KeyError) as exc:
+        raise _missing("Scheduler.extensions['publish'].datasets", exc) from None
+
+
+def drop_dataset(scheduler: Any, name: str) -> bool:
+    """Unpublishes dataset ``name`` from inside the scheduler, as ``Client.unpublish_dataset`` does;
+    ``False`` if there is none."""
+    try:
+        extension = scheduler.extensions["publish"]
+        dataset = extension.datasets.pop(name, None)
+        if dataset is not None:
+            scheduler.client_releases_keys(dataset["keys"], f"published-{name}")
+    except (AttributeError, KeyError, TypeError) as exc:
+        raise _missing("PublishExtension.datasets / Scheduler.client_releases_keys", exc) from None
+    return dataset is not None
+
+
 def workers_to_close(scheduler: Any, n: int | None, memory_ratio: float | None) -> list[str]:
     """The workers Dask's ``retire_workers(n=..., memory_ratio=...)`` would choose."""
     try:

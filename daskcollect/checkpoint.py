@@ -73,6 +73,7 @@ def take(engine: Any, yielded: Yielded, counters: dict[str, Any], timeout: float
         **counters,
         policy_version=engine.router.version,
         seed=engine.seed,
+        run=engine.run.name if engine.run is not None else None,
         in_flight=sorted(f.slot.index for f in engine.pool.running()),
         collectors=collectors,
     )
@@ -99,6 +100,10 @@ def resume(engine: Any, yielded: Yielded, state: dict[str, Any], restore_envs: b
     fresh = max(taken, default=-1) + 1
     engine.pool.reserve_uids(fresh + len(slots))
     version = int(state.get("policy_version", 0))
+    # Collectors taken over from the dead driver hold the weights it sent last, newer than the
+    # checkpoint's: they get the driver's policy again, as new collectors would have it.
+    adopted = [s for s in slots if s.index in engine.adopted]
+    reloaded = {s.index for s in adopted} if engine.reload_weights(adopted, version) else set()
     calls = []
     for i, (slot, entry) in enumerate(zip(slots, entries)):
         position: Position | None = entry["position"]
@@ -107,7 +112,7 @@ def resume(engine: Any, yielded: Yielded, state: dict[str, Any], restore_envs: b
             namespace=position.namespace if continued else fresh + i,
             incarnation=fresh + i,
             rollouts=int(entry["rollouts"]),
-            policy_version=version,
+            policy_version=version - 1 if slot.index in reloaded else version,
             position=position,
             restore_env=restore_envs and continued,
         )

@@ -101,6 +101,10 @@ class ClusterHandle:
         self.client.register_plugin(plugin, name=name)
         self.plugins.append(name)
 
+    def adopt_plugins(self, names: list[str]) -> None:
+        """Worker plugins another driver registered, removed at :meth:`close` after ours."""
+        self.plugins[:0] = [n for n in names if n not in self.plugins]
+
     def _unregister_plugins(self) -> None:
         for name in reversed(self.plugins):
             try:

@@ -21,6 +21,7 @@ import os
 import socket
 import sys
 import time
+import uuid
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -32,7 +33,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.collectors import BaseCollector, Collector
 from torchrl.collectors.utils import split_trajectories
 
-from daskcollect import _internals, checkpoint, orphans, retirement
+from daskcollect import _internals, checkpoint, reattach, retirement
 from daskcollect.background import BackgroundCollection
 from daskcollect.cluster import (
     ClusterHandle,
@@ -161,6 +162,12 @@ class DaskCollector(BaseCollector):
             interval it gets the scalars of :meth:`stats` (``collector/fps``,
             ``collector/episode_return_mean``...), the frame count as the step.
             One that raises is warned about once and never stops collection.
+        resume_from: A checkpoint (:meth:`state_dict`) to continue, as
+            :meth:`load_state_dict` does. Where its driver died within
+            ``daskcollect.reattach.grace-period``, on the same cluster, its
+            collectors are taken over as they run, with no env built again
+            (docs/long_runs.md).
+        restore_envs: With ``resume_from``, as :meth:`load_state_dict`'s.
 
     Examples:
         >>> from daskcollect import DaskCollector
@@ -224,6 +231,8 @@ class DaskCollector(BaseCollector):
         max_collector_restarts: int | None = None,
         on_env_error: str = "raise",
         logger: Any = None,
+        resume_from: Mapping[str, Any] | None = None,
+        restore_envs: bool = False,
         **ray_only: Any,
     ):
         super().__init__()
@@ -239,6 +248,11 @@ class DaskCollector(BaseCollector):
         self.spec = CollectionSpec.from_keywords(self.settings, keywords)
         self.logger = check_logger(logger)
         _internals.check_version()
+        if resume_from is not None:
+            checkpoint.check(resume_from, frames_per_batch=frames_per_batch, sync=self.spec.batch.sync)
+        elif restore_envs:
+            raise ConfigurationError("restore_envs=True needs a checkpoint to restore: pass resume_from=.")
+        self._resume_from = resume_from
 
         # TorchRL-facing attributes.
         self.policy = policy
@@ -267,6 +281,8 @@ class DaskCollector(BaseCollector):
             self._open()
             if seed is not None:
                 self.set_seed(seed)
+            if resume_from is not None:
+                self.load_state_dict(resume_from, restore_envs=restore_envs)
             self._started = time.monotonic()
             self._reporter.report(self._snapshot, "ready", force=True)
         except BaseException:
@@ -294,20 +310,21 @@ class DaskCollector(BaseCollector):
             spec.check_count(n)
         recipes = spec.recipes(n)
         setup = WorkerSetup(spec.cluster.worker_env, settings.worker)
-        self._handle.register_plugin(setup, name=f"daskcollect-{id(self):x}")
+        self._handle.register_plugin(setup, name=f"daskcollect-{uuid.uuid4().hex[:12]}")
         leases = (
             retirement.install_retirement_hook(client, settings.timeouts.retire),
             dashboard.install_monitor(client, settings.history, settings.timeouts.call),
-            # On a cluster we did not start, a killed driver's worker plugins would stay.
-            None
-            if self._handle.cluster is not None
-            else orphans.hold_plugins(client, self._handle.plugins, settings.timeouts.call),
         )
         self._leases = [held for held in leases if held is not None]
         module = self.policy if isinstance(self.policy, torch.nn.Module) else None
-        self._engine = Engine(client, spec, settings, n, recipes, module, push=self._refresh_weights)
+        held, run, claimed = reattach.hold(self._handle, settings, (self._resume_from or {}).get("run"))
+        self._leases += [held] if held is not None else []
+        self._engine = Engine(client, spec, settings, n, recipes, module, push=self._refresh_weights, run=run)
         start_senders(self.spec.weights.schemes, self, self._publish)
-        self._engine.start()
+        if claimed is not None:
+            self._engine.adopt(list(claimed.members))
+        else:
+            self._engine.start()
         self._driver_threads = share_cores(self.settings.driver_torch_threads, self._engine, self._handle)
 
     # --- properties -------------------------------------------------------
@@ -510,12 +527,15 @@ class DaskCollector(BaseCollector):
             ``restarts`` (collectors replaced after a lost worker or a stuck
             rollout), ``env_restarts`` (``on_env_error="restart"`` rebuilds),
             ``retired`` (collectors closed, losing nothing, as their worker retired),
-            ``live_collectors``, and ``collectors``: per collector, the fields of
+            ``live_collectors``, ``reattached`` (the indices of the collectors
+            taken over from a driver that died, see ``resume_from``), and
+            ``collectors``: per collector, the fields of
             :class:`~daskcollect.monitoring.stats.CollectorStats`.
         """
         out: dict[str, Any] = dict(super().stats())
         if self._engine is not None:
             out.update(self._engine.stats().as_dict())
+            out["reattached"] = list(self._engine.adopted)
         return out
 
     def _snapshot(self) -> dict[str, Any]:

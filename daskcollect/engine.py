@@ -31,6 +31,7 @@ from daskcollect.monitoring.stats import CollectionStats, CollectorStats, Failur
 from daskcollect.monitoring.telemetry import Telemetry
 from daskcollect.polling import poll_until
 from daskcollect.pool import ActorPool, CollectorLost, Slot
+from daskcollect.reattach import RunRecord
 from daskcollect.retirement import RetirementWatcher
 from daskcollect.settings import Settings
 from daskcollect.spec import CollectionSpec
@@ -73,6 +74,8 @@ class Engine:
         push: How those refreshes are sent (the collector's
             ``update_policy_weights_``, through its scheme or updater);
             default: straight to the router.
+        run: The published record of the collectors, for a driver that
+            re-attaches (:mod:`daskcollect.reattach`); ``None``: none.
         pool, router, watcher: Built here by default; given by tests that
             drive the engine against a small fake pool.
     """
@@ -87,12 +90,16 @@ class Engine:
         weights_source: Any = None,
         *,
         push: Callable[[list[Slot]], None] | None = None,
+        run: RunRecord | None = None,
         pool: ActorPool | None = None,
         router: WeightRouter | None = None,
         watcher: RetirementWatcher | None = None,
     ):
         self.client, self.spec, self.settings = client, spec, settings
         self.requested = num_collectors
+        self.run = run
+        #: The indices of the collectors taken over from a driver that died (:meth:`adopt`).
+        self.adopted: tuple[int, ...] = ()
         self.failures = FailureCounters()
         self.telemetry = Telemetry(settings.episode_window)
         self._recipes = dict(enumerate(recipes))
@@ -138,6 +145,31 @@ class Engine:
             NotEnoughWorkersError: If too few eligible workers join in time.
         """
         self._start(list(range(self.requested)), wait=True)
+        self._publish_run()
+
+    def adopt(self, members: list[Any]) -> None:
+        """Takes over the collectors of a driver that died, and starts the ones missing.
+
+        Args:
+            members: :class:`~daskcollect.reattach.Member` records of a claimed run.
+
+        Raises:
+            NotEnoughWorkersError: If too few eligible workers are free for the missing ones.
+        """
+        wanted = [m for m in members if m.index < self.requested]
+        slots = self.pool.adopt(wanted, self._recipes)
+        self.pool.add(slots)
+        self.watcher.adopt(slots)
+        self.adopted = tuple(s.index for s in slots)
+        missing = sorted(set(range(self.requested)) - set(self.adopted))
+        if missing:
+            logger.info("collectors %s of the run were gone; starting them again", missing)
+            self._start(missing, wait=True)
+        self._publish_run()
+
+    def _publish_run(self) -> None:
+        if self.run is not None:
+            self.run.publish(self.pool.slots)
 
     def reconcile(self, wait_retired: bool = False) -> None:
         """Drops retired collectors and starts the missing ones on free workers.
@@ -156,6 +188,7 @@ class Engine:
             logger.info("collectors %s closed: their workers retired", [s.index for s in gone])
         self._start_missing(look_again=False)
         if self.pool.slots:
+            self._publish_run()
             return
         timeout = self.settings.timeouts.workers
         poll_until(
@@ -169,6 +202,7 @@ class Engine:
                 found=0,
             ),
         )
+        self._publish_run()
 
     def _start_missing(self, look_again: bool) -> list[Slot]:
         """Starts collectors on free workers: every one that joined when following the
@@ -303,6 +337,7 @@ class Engine:
         time.sleep(self.settings.restart_delay)
         seed = None if self._seed is None else self._seed + 7919 * self.failures.restarts
         (new,) = self._start([slot.index], wait=True, seed=seed)
+        self._publish_run()
         return new
 
     def wait_for_room(self, needed: int) -> None:
@@ -339,6 +374,15 @@ class Engine:
         offers = [(s, self.router.pending(s.index)) for s in slots if self.pool.inflight_count(s)]
         self.pool.offer([(s, sent) for s, sent in offers if sent is not None])
         return version
+
+    def reload_weights(self, slots: list[Slot], version: int) -> bool:
+        """Sends the driver policy's weights to ``slots`` as ``version``, for collectors taken
+        over with another driver's weights; ``False`` (nothing sent) without a policy module."""
+        if self._weights_source is None or not slots:
+            return False
+        self.router.version = version - 1
+        self.send_weights(self._weights_source, slots)
+        return True
 
     def refresh(self, slots: list[Slot]) -> None:
         """Applies ``update_after_each_batch`` / ``max_weight_update_interval`` to ``slots``."""
@@ -400,6 +444,8 @@ class Engine:
         self.watcher.close()
         if self._joins is not None:
             self._joins.close()
+        if self.run is not None:
+            self.run.drop()
         self.pool.close(timeout)
         self.router.close(timeout / 4)
         if self.ledger is not None:

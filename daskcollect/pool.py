@@ -271,6 +271,40 @@ class ActorPool:
         self._find_driver_host(slots)
         return slots, lost + left
 
+    def adopt(self, members: list[Any], recipes: dict[int, bytes]) -> list[Slot]:
+        """Takes over the running actors of a collection whose driver died (:mod:`daskcollect.reattach`).
+
+        Each is rebound to this driver's :class:`ActorSpec` (weights' transports,
+        output, labels) once the rollout it may still be running for the old
+        driver ends; its envs and policy stay as they are. Nothing is added to
+        the table.
+
+        Args:
+            members: :class:`~daskcollect.reattach.Member` records.
+            recipes: Per collector index, the recipe to start a replacement from.
+
+        Returns:
+            The slots taken over: the members whose worker is alive and whose
+            actor answered within ``daskcollect.timeouts.rollout``.
+        """
+        alive = self.live_workers()
+        found = [m for m in members if m.address in alive and m.future.status == "finished"]
+        with self.client.as_current():
+            actors = [(m, m.future.result(timeout=self.settings.timeouts.call)) for m in found]
+        calls = [(m, actor, actor.rebind(self.template)) for m, actor in actors]
+        slots = []
+        for m, actor, call in calls:
+            try:
+                call.result(timeout=self.settings.timeouts.rollout)
+            except Exception as exc:
+                logger.warning("collector %d on %s could not be taken over (%s)", m.index, m.address, exc)
+                continue
+            slots.append(Slot(m.index, m.uid, m.address, m.future, actor, recipes.get(m.index, recipes[0])))
+        self.reserve_uids(max((m.uid for m in members), default=-1) + 1)
+        self._streams.open([(s.uid, s.address, s.future.key) for s in slots])
+        self._find_driver_host(slots)
+        return slots
+
     def _send_recipes(self, todo: list[tuple[int, bytes, str]]) -> dict[bytes, Future]:
         """Sends each distinct recipe once; the other targets fetch it from there when they build."""
         targets: dict[bytes, set[str]] = {}

@@ -54,13 +54,14 @@ class SharedPlugin(SchedulerPlugin):
             self.orphaned(scheduler, details)
         if gone and not self.leases:
             # Dask is iterating over its plugins: remove this one on the next turn of the loop.
-            self._removal = asyncio.ensure_future(_remove(scheduler, self))
+            self._removal = asyncio.ensure_future(remove_unused(scheduler, self))
 
     def orphaned(self, scheduler: Any, details: list[Any]) -> None:
         """Called when a client disconnected without releasing leases; ``details`` are theirs."""
 
 
-async def _remove(scheduler: Any, plugin: SharedPlugin) -> None:
+async def remove_unused(scheduler: Any, plugin: SharedPlugin) -> None:
+    """Closes and removes ``plugin`` from ``scheduler`` if no lease holds it (on the scheduler's loop)."""
     if plugin.leases or scheduler.plugins.get(plugin.name) is not plugin:
         return  # taken again meanwhile, or already gone
     try:
@@ -91,6 +92,16 @@ async def acquire(
     return len(current.leases)
 
 
+def set_detail(name: str, lease: str, detail: Any, dask_scheduler: Any = None) -> bool:
+    """Replaces what ``lease`` on the plugin ``name`` was registered with (run on the scheduler);
+    ``False`` if the lease is gone."""
+    current = dask_scheduler.plugins.get(name)
+    if not isinstance(current, SharedPlugin) or lease not in current.leases:
+        return False
+    current.details[lease] = detail
+    return True
+
+
 async def release_lease(name: str, lease: str, dask_scheduler: Any = None) -> int:
     """Drops ``lease`` on the plugin ``name``; the last one out closes and removes the plugin (run
     on the scheduler).
@@ -104,7 +115,7 @@ async def release_lease(name: str, lease: str, dask_scheduler: Any = None) -> in
     current.leases.pop(lease, None)
     current.details.pop(lease, None)
     if not current.leases:
-        await _remove(dask_scheduler, current)
+        await remove_unused(dask_scheduler, current)
     return len(current.leases)
 
 
@@ -127,6 +138,14 @@ class Lease:
         self.id = f"{plugin.name}-{uuid.uuid4().hex[:12]}"
         client.run_on_scheduler(acquire, plugin, self.id, client.id, detail, callback_timeout=timeout)
         self._held = True
+
+    def update(self, detail: Any) -> None:
+        """Replaces what the plugin keeps with this lease.
+
+        Raises:
+            Exception: What the scheduler raised, or a timeout.
+        """
+        self.client.run_on_scheduler(set_detail, self.name, self.id, detail, callback_timeout=self.timeout)
 
     def release(self) -> None:
         """Gives the lease back (idempotent); the last one removes the plugin. A scheduler that

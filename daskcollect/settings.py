@@ -122,6 +122,7 @@ class Settings:
     driver_torch_threads: int | str | None
     shared_memory_dir: str | None
     max_unreleased: int
+    reattach_grace: float | None
     local_host: str
     local_dashboard_address: str | None
     local_memory_limit: str | float | None
@@ -144,6 +145,12 @@ class Settings:
         weights = section["weights"]
         local = section["local-cluster"]
         worker = section["worker"]
+        if (_seconds(section, "reattach.grace-period", optional=True) or 0) < 0:
+            raise ConfigurationError(
+                "dask config daskcollect.reattach.grace-period is negative. Use a duration such as "
+                '"10 minutes", or null to turn re-attaching off.',
+                key="daskcollect.reattach.grace-period",
+            )
         return cls(
             timeouts=Timeouts(**timeouts),
             liveness_interval=_seconds(section, "liveness-interval"),
@@ -156,6 +163,7 @@ class Settings:
             driver_torch_threads=section["driver"]["torch-threads"],
             shared_memory_dir=weights["shared-memory-dir"] if weights["shared-memory"] else None,
             max_unreleased=section["memmap"]["max-unreleased"],
+            reattach_grace=_seconds(section, "reattach.grace-period", optional=True) or None,
             local_host=local["host"],
             local_dashboard_address=local["dashboard-address"],
             local_memory_limit=local["memory-limit"],

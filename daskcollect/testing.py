@@ -14,7 +14,7 @@ suite:
     assert differences(before, cluster_state(client)) == []
 
 The state covers the scheduler's plugins, handlers, ``retire_workers``
-handler, dashboard routes, event subscriptions and tasks, and on each worker
+handler, dashboard routes, event subscriptions, tasks and published datasets, and on each worker
 its plugins, handlers, data keys, actors, log filters, environment,
 ``sys.path`` and event-loop tick. Each worker first imports torch, tensordict,
 TorchRL's collectors and gymnasium (where installed), so that what importing
@@ -49,6 +49,7 @@ def scheduler_state(dask_scheduler: Any) -> dict[str, Any]:
         "routes": [len(app.default_router.rules), len(app.wildcard_router.rules)],
         "subscriptions": _internals.subscribed_topics(dask_scheduler),
         "tasks": sorted(map(str, dask_scheduler.tasks)),
+        "datasets": _internals.published_datasets(dask_scheduler),
     }
 
 

@@ -40,6 +40,22 @@ def make_stateless_pendulum():
     return PendulumEnv()
 
 
+#: Envs built by :func:`make_counted_pendulum` in this process.
+BUILT = 0
+
+
+def make_counted_pendulum():
+    """:func:`make_stateless_pendulum`, counted in this process's :data:`BUILT`."""
+    global BUILT
+    BUILT += 1
+    return make_stateless_pendulum()
+
+
+def envs_built(dask_worker=None) -> int:
+    """:data:`BUILT` in this process (``Client.run`` it on the workers)."""
+    return BUILT
+
+
 class PendulumTorque(nn.Module):
     """A fixed linear torque on the pendulum's angle and speed: deterministic."""
 

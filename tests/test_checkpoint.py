@@ -16,10 +16,10 @@ import sys
 
 import pytest
 import torch
+from audit import audit, flat, saved_batches
 from helpers import wait_until
 from makers import cartpole_policy, make_cartpole, make_stateless_pendulum, pendulum_policy
 from resumable_driver import FRAMES_PER_BATCH, TOTAL_FRAMES
-from tensordict import TensorDict
 
 from daskcollect import ConfigurationError, DaskCollector
 from daskcollect.testing import cluster_state, differences
@@ -30,29 +30,6 @@ DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "resumable_dri
 def pendulum_collector(client, sync: bool = True, total_frames: int = 320) -> DaskCollector:
     return DaskCollector(make_stateless_pendulum, pendulum_policy(), frames_per_batch=40, total_frames=total_frames,
                          sync=sync, seed=5, max_frames_per_traj=25, num_collectors=2, client=client)  # fmt: skip
-
-
-def flat(batches: list[TensorDict]) -> TensorDict:
-    """Every frame, collector by collector, in the order each collector made them."""
-    if batches[0].ndim == 2:  # sync: [collectors, time]
-        return torch.cat([torch.cat([b[i] for b in batches]) for i in range(batches[0].shape[0])])
-    return torch.cat(batches)
-
-
-def audit(batches: list[TensorDict], total: int) -> None:
-    """Exact total, no frame twice, and consecutive transitions within every trajectory."""
-    frames = flat(batches)
-    assert frames.numel() == total
-    made = list(zip(frames["collector", "collector_id"].tolist(), frames["collector", "rollout_id"].tolist()))
-    rollouts = {}
-    for pair in made:
-        rollouts[pair] = rollouts.get(pair, 0) + 1
-    assert all(n == FRAMES_PER_BATCH // (2 if batches[0].ndim == 2 else 1) for n in rollouts.values())
-    traj = frames["collector", "traj_ids"]
-    for tid in traj.unique().tolist():
-        steps = frames[traj == tid]
-        assert torch.equal(steps["next", "th"][:-1], steps["th"][1:]), f"trajectory {tid} has a gap"
-        assert torch.equal(steps["next", "thdot"][:-1], steps["thdot"][1:]), f"trajectory {tid} has a gap"
 
 
 def test_a_checkpoint_continues_a_stateless_env_value_for_value(client):
@@ -108,11 +85,6 @@ def test_a_checkpoint_that_does_not_fit_is_refused(client):
 def run_driver(address: str, folder: str, mode: str, envs: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, DRIVER, address, folder, mode, envs],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-
-
-def saved_batches(folder: str) -> list[TensorDict]:
-    names = sorted(n for n in os.listdir(folder) if n.startswith("batch-"))
-    return [torch.load(os.path.join(folder, n), weights_only=False) for n in names]
 
 
 def ours_left(dask_worker) -> list:

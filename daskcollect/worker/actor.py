@@ -9,6 +9,7 @@ trajectory ids are unique across the whole collection.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 import inspect
 import random
@@ -117,16 +118,38 @@ class CollectorActor:
 
     def _build(self) -> None:
         self._collector = self._recipe.build(self.where)
-        self._receiver = None
-        if self.spec.weight_receiver is not None:
-            # A fresh copy per collector built: a scheme binds to the collector it serves.
-            self._receiver = copy.deepcopy(self.spec.weight_receiver)
-            self._collector.register_scheme_receiver({"policy": self._receiver})
+        self._attach_receiver()
         self._split.instrument(self._collector)
         self._episodes.reset()
         self._iterator = iter(self._collector)
         if self._weights is not None:
             self._apply(self._weights)
+
+    def _attach_receiver(self) -> None:
+        self._receiver = None
+        if self.spec.weight_receiver is not None:
+            # A fresh copy per collector built: a scheme binds to the collector it serves.
+            self._receiver = copy.deepcopy(self.spec.weight_receiver)
+            self._collector.register_scheme_receiver({"policy": self._receiver})
+
+    def rebind(self, spec: ActorSpec) -> None:
+        """Serves a new driver (re-attaching): its weights' transports, output and labels, from
+        ``spec``; the envs, the policy and the counters stay as they are.
+
+        Raises:
+            SharedFilesystemError: If the new driver's memmap folder is not writable here.
+        """
+        with self._busy:  # after the rollout the old driver may have left running
+            if spec.memmap_root is not None:
+                check_writable(spec.memmap_root, self.where)
+            self.spec = dataclasses.replace(
+                spec, index=self.spec.index, uid=self.spec.uid, seed=self.spec.seed
+            )
+            self._offered = None  # the old driver's announcements point at its transports
+            self._shared = spec.shared_memory is not None and spec.shared_memory.matches()
+            self._attach_receiver()
+            self._positions.clear()
+            self._remember()
 
     def _rebuild_after(self, exc: BaseException) -> str:
         """Drops the broken collector and builds a fresh one (``on_env_error="restart"``)."""

@@ -1,0 +1,96 @@
+"""daskcollect.reattach: a driver killed mid-run, restarted within the grace period, takes over its
+collectors as they are; after the grace period nothing of the killed driver's collection is left.
+
+Each driver is ``tests/resumable_driver.py`` in a process of its own, on the session's cluster, with
+``daskcollect.reattach.grace-period`` set through its environment.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import signal
+import subprocess
+import sys
+
+import torch
+from audit import audit, saved_batches
+from helpers import wait_until
+from makers import envs_built, make_stateless_pendulum, pendulum_policy
+from resumable_driver import FRAMES_PER_BATCH, TOTAL_FRAMES
+
+from daskcollect import DaskCollector
+from daskcollect.reattach import RUN_PREFIX
+from daskcollect.testing import cluster_state, differences
+
+DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "resumable_driver.py")
+
+
+def run_driver(address: str, folder: str, mode: str, grace: str) -> subprocess.Popen:
+    env = dict(os.environ, DASK_DASKCOLLECT__REATTACH__GRACE_PERIOD=grace)
+    return subprocess.Popen([sys.executable, DRIVER, address, folder, mode, "restore", "reattach"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+
+
+def kill_after(driver: subprocess.Popen, folder: str, batches: int) -> None:
+    try:
+        wait_until(
+            lambda: len([n for n in os.listdir(folder) if n.startswith("batch-")]) >= batches, timeout=120
+        )
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=30)
+    assert not os.path.exists(os.path.join(folder, "done"))
+
+
+def runs(client) -> list[str]:
+    return [name for name in client.list_datasets(callback_timeout=30) if str(name).startswith(RUN_PREFIX)]
+
+
+def actors(dask_worker) -> int:
+    return len(dask_worker.state.actors)
+
+
+def test_a_driver_restarted_within_the_grace_period_takes_over_its_collectors(client, tmp_path):
+    before = cluster_state(client)
+    address, folder = client.scheduler.address, str(tmp_path)
+    earlier = sum(client.run(envs_built, callback_timeout=30).values())
+    kill_after(run_driver(address, folder, "sync", "120s"), folder, batches=5)
+    pids, built = client.run(os.getpid, callback_timeout=30), client.run(envs_built, callback_timeout=30)
+    assert sum(built.values()) == earlier + 2
+    # The killed driver's collectors wait for a new one, published under its run's name.
+    assert len(runs(client)) == 1
+    assert sum(client.run(actors, callback_timeout=30).values()) == 2
+    resumed = run_driver(address, folder, "sync", "120s")
+    assert resumed.wait(timeout=240) == 0
+    assert ast.literal_eval(open(os.path.join(folder, "reattached.txt")).read()) == [0, 1]
+    # No env was built again, in the same worker processes.
+    assert client.run(os.getpid, callback_timeout=30) == pids
+    assert client.run(envs_built, callback_timeout=30) == built
+    batches = saved_batches(folder)
+    audit(batches, TOTAL_FRAMES)
+    with DaskCollector(make_stateless_pendulum, pendulum_policy(), frames_per_batch=FRAMES_PER_BATCH,
+                       total_frames=TOTAL_FRAMES, sync=True, seed=11, max_frames_per_traj=25,
+                       num_collectors=2, client=client) as reference:  # fmt: skip
+        for ours, theirs in zip(batches, reference, strict=True):
+            assert torch.equal(ours["th"], theirs["th"]) and torch.equal(ours["action"], theirs["action"])
+    wait_until(lambda: differences(before, cluster_state(client)) == [], timeout=30)
+    seconds = float(open(os.path.join(folder, "resumed_in.txt")).read())
+    recollected = int(open(os.path.join(folder, "recollected.txt")).read())
+    print(f"re-attached: resumed to its first batch in {seconds:.2f} s; {recollected} frames collected again")
+
+
+def test_after_the_grace_period_nothing_of_a_killed_driver_is_left(client, tmp_path):
+    before = cluster_state(client)
+    address, folder = client.scheduler.address, str(tmp_path)
+    built = sum(client.run(envs_built, callback_timeout=30).values())
+    kill_after(run_driver(address, folder, "async", "3s"), folder, batches=5)
+    wait_until(lambda: differences(before, cluster_state(client)) == [], timeout=60)
+    assert runs(client) == []
+    # A driver started later resumes from the checkpoint with new collectors.
+    resumed = run_driver(address, folder, "async", "3s")
+    assert resumed.wait(timeout=240) == 0
+    assert ast.literal_eval(open(os.path.join(folder, "reattached.txt")).read()) == []
+    assert sum(client.run(envs_built, callback_timeout=30).values()) == built + 4
+    audit(saved_batches(folder), TOTAL_FRAMES)
+    wait_until(lambda: differences(before, cluster_state(client)) == [], timeout=30)
