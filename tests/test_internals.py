@@ -75,6 +75,16 @@ async def test_the_scheduler_and_worker_internals_answer_as_dask_does(c, s, a, b
     future = c.submit(int, 7, workers=[a.address], key="seven")
     await future
     assert _internals.local_data(a, "seven") == 7 and _internals.local_data(b, "seven") is None
+    await c.publish_dataset(future, name="daskcollect-test-set")
+    assert _internals.published_datasets(s) == ["daskcollect-test-set"]
+    del future
+    assert _internals.drop_dataset(s, "daskcollect-test-set") and not _internals.drop_dataset(s, "nothing")
+    assert _internals.published_datasets(s) == []
+    for _ in range(500):  # the release reaches the worker over its stream: bounded wait
+        if "seven" not in s.tasks:
+            break
+        await asyncio.sleep(0.01)
+    assert "seven" not in s.tasks  # nothing holds the key any more
     assert "daskcollect-test-topic" not in _internals.subscribed_topics(s)
     c.subscribe_topic("daskcollect-test-topic", lambda event: None)
     for _ in range(500):  # the subscription travels on the client's batched stream: bounded wait

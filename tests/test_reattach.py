@@ -13,13 +13,15 @@ import signal
 import subprocess
 import sys
 
+import dask
+import pytest
 import torch
 from audit import audit, saved_batches
 from helpers import wait_until
 from makers import envs_built, make_stateless_pendulum, pendulum_policy
 from resumable_driver import FRAMES_PER_BATCH, TOTAL_FRAMES
 
-from daskcollect import DaskCollector
+from daskcollect import ConfigurationError, DaskCollector
 from daskcollect.reattach import RUN_PREFIX
 from daskcollect.testing import cluster_state, differences
 
@@ -94,3 +96,16 @@ def test_after_the_grace_period_nothing_of_a_killed_driver_is_left(client, tmp_p
     assert sum(client.run(envs_built, callback_timeout=30).values()) == built + 4
     audit(saved_batches(folder), TOTAL_FRAMES)
     wait_until(lambda: differences(before, cluster_state(client)) == [], timeout=30)
+
+
+def test_a_run_its_driver_still_runs_is_not_taken_over(client):
+    with dask.config.set({"daskcollect.reattach.grace-period": "60s"}):
+        with DaskCollector(make_stateless_pendulum, pendulum_policy(), frames_per_batch=FRAMES_PER_BATCH,
+                           total_frames=400, sync=True, num_collectors=2, client=client) as first:  # fmt: skip
+            next(iter(first))
+            state = first.state_dict()
+            assert state["run"] in runs(client)
+            with pytest.raises(ConfigurationError, match="still run by a driver connected"):
+                DaskCollector(make_stateless_pendulum, pendulum_policy(), frames_per_batch=FRAMES_PER_BATCH,
+                              total_frames=400, sync=True, num_collectors=2, client=client, resume_from=state)  # fmt: skip
+        assert runs(client) == []  # a driver that shuts down unpublishes its run

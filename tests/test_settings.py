@@ -17,6 +17,9 @@ def test_defaults_are_valid_and_durations_are_seconds():
     with dask.config.set({"daskcollect.timeouts.rollout": "1h", "daskcollect.worker.tick-interval": None}):
         settings = Settings.load()
     assert settings.timeouts.rollout == 3600.0 and settings.worker.tick_interval is None
+    assert settings.reattach_grace is None  # off by default (docs/long_runs.md)
+    with dask.config.set({"daskcollect.reattach.grace-period": "10 minutes"}):
+        assert Settings.load().reattach_grace == 600.0
 
 
 @pytest.mark.parametrize(
@@ -29,6 +32,8 @@ def test_defaults_are_valid_and_durations_are_seconds():
         ("daskcollect.memmap.max-unreleased", "16"),
         ("daskcollect.weights.shared-memory", "yes"),
         ("daskcollect.timeouts.rollot", "10s"),
+        ("daskcollect.reattach.grace-period", "-5s"),
+        ("daskcollect.reattach.grace-period", "later"),
     ],
 )
 def test_a_bad_value_names_its_key(key, value):
