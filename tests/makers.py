@@ -8,6 +8,7 @@ benchmarks put this folder on ``PYTHONPATH`` for every process they start.
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 from distributed import get_worker
@@ -45,9 +46,11 @@ BUILT = 0
 
 
 def make_counted_pendulum():
-    """:func:`make_stateless_pendulum`, counted in this process's :data:`BUILT`."""
+    """:func:`make_stateless_pendulum`, counted in this process's :data:`BUILT`; it first sleeps
+    ``DASKCOLLECT_TEST_ENV_BUILD_SECONDS`` (default 0), as an env that loads assets would."""
     global BUILT
     BUILT += 1
+    time.sleep(float(os.environ.get("DASKCOLLECT_TEST_ENV_BUILD_SECONDS", "0")))
     return make_stateless_pendulum()
 
 
