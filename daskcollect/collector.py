@@ -45,6 +45,7 @@ from daskcollect.cluster import (
 )
 from daskcollect.engine import Engine
 from daskcollect.errors import CollectorClosedError, ConfigurationError, EndlessCollectionError
+from daskcollect.inference.server import InferenceServers
 from daskcollect.iteration import AsyncIteration, SyncIteration
 from daskcollect.memmap import MemmapBatch, describe_parts
 from daskcollect.monitoring import dashboard, display
@@ -162,6 +163,16 @@ class DaskCollector(BaseCollector):
             interval it gets the scalars of :meth:`stats` (``collector/fps``,
             ``collector/episode_return_mean``...), the frame count as the step.
             One that raises is warned about once and never stops collection.
+        inference: ``"server"``: central batched inference. The policy runs
+            on ``inference_workers`` TorchRL ``InferenceServer``s, in Dask
+            actors on workers that declare ``inference_resources`` (e.g.
+            ``{"GPU": 1}``); the collectors run envs only and ask a server
+            for each step's action (docs/central_inference.md). ``None``:
+            each collector runs its own copy of the policy.
+        inference_workers: Inference servers, one per worker.
+        inference_resources: Resources a worker must declare to host one.
+        inference_options: ``max_batch_size`` (default 64) and ``device``
+            (where the servers run the policy, e.g. ``"cuda"``).
         resume_from: A checkpoint (:meth:`state_dict`) to continue, as
             :meth:`load_state_dict` does. Where its driver died within
             ``daskcollect.reattach.grace-period``, on the same cluster, its
@@ -231,6 +242,10 @@ class DaskCollector(BaseCollector):
         max_collector_restarts: int | None = None,
         on_env_error: str = "raise",
         logger: Any = None,
+        inference: str | None = None,
+        inference_workers: int = 1,
+        inference_resources: dict[str, float] | None = None,
+        inference_options: dict[str, Any] | None = None,
         resume_from: Mapping[str, Any] | None = None,
         restore_envs: bool = False,
         **ray_only: Any,
@@ -244,6 +259,8 @@ class DaskCollector(BaseCollector):
         self._last_count = 0
         #: The engine (actors, weights, failure policy), private to this collector.
         self._engine: Engine | None = None
+        #: The inference servers of ``inference="server"``, or ``None``.
+        self._servers: InferenceServers | None = None
         self.settings = Settings.load()
         self.spec = CollectionSpec.from_keywords(self.settings, keywords)
         self.logger = check_logger(logger)
@@ -296,19 +313,13 @@ class DaskCollector(BaseCollector):
         if n is None and spec.cluster.client is None and spec.cluster.scheduler_file is None:
             n = CPU_COUNT
         register_serializers()
-        self._handle = connect(spec.cluster, n_workers=n or 1, settings=settings)
+        servers = spec.inference.workers if spec.inference is not None else 0
+        self._handle = connect(spec.cluster, n_workers=(n or 1) + servers, settings=settings)
         client = self._handle.client
         report_id = f"{socket.gethostname()}-{os.getpid()}-{id(self) & 0xFFFFFF:06x}"
         self._reporter = Reporter(
             client, report_id, settings.report_interval, settings.timeouts.call, self.logger
         )
-        if n is None:
-            resources = spec.cluster.worker_resources
-            wait_for_workers(client, 1, resources, settings.timeouts.workers)
-            n = len(eligible_workers(client, resources, settings.timeouts.connect))
-        if spec.num_collectors is None:  # a count known before connecting was checked then
-            spec.check_count(n)
-        recipes = spec.recipes(n)
         setup = WorkerSetup(spec.cluster.worker_env, settings.worker)
         self._handle.register_plugin(setup, name=f"daskcollect-{uuid.uuid4().hex[:12]}")
         leases = (
@@ -316,10 +327,22 @@ class DaskCollector(BaseCollector):
             dashboard.install_monitor(client, settings.history, settings.timeouts.call),
         )
         self._leases = [held for held in leases if held is not None]
+        if spec.inference is not None:
+            self._servers = InferenceServers(client, settings, spec.inference, self.policy)
+            self._servers.start()
+        reserved = self._servers.addresses if self._servers is not None else set()
+        if n is None:
+            resources = spec.cluster.worker_resources
+            wait_for_workers(client, 1 + len(reserved), resources, settings.timeouts.workers)
+            n = len(set(eligible_workers(client, resources, settings.timeouts.connect)) - reserved)
+        if spec.num_collectors is None:  # a count known before connecting was checked then
+            spec.check_count(n)
+        recipes = spec.recipes(n, self._servers.policies(n) if self._servers is not None else None)
         module = self.policy if isinstance(self.policy, torch.nn.Module) else None
         held, run, claimed = reattach.hold(self._handle, settings, (self._resume_from or {}).get("run"))
         self._leases += [held] if held is not None else []
         self._engine = Engine(client, spec, settings, n, recipes, module, push=self._refresh_weights, run=run)
+        self._engine.serve_from(self._servers)
         start_senders(self.spec.weights.schemes, self, self._publish)
         if claimed is not None:
             self._engine.adopt(list(claimed.members))
@@ -536,6 +559,8 @@ class DaskCollector(BaseCollector):
         if self._engine is not None:
             out.update(self._engine.stats().as_dict())
             out["reattached"] = list(self._engine.adopted)
+        if self._servers is not None:
+            out["inference"] = self._servers.stats()
         return out
 
     def _snapshot(self) -> dict[str, Any]:
@@ -684,6 +709,8 @@ class DaskCollector(BaseCollector):
             if self._reporter is not None:
                 self._reporter.close(self._snapshot)
             self._engine.close(timeout)
+        if self._servers is not None:
+            self._servers.close(timeout)
         for scheme in (self.spec.weights.schemes or {}).values():
             scheme.shutdown()
         for held in self._leases:  # the last collection on the scheduler removes the plugins

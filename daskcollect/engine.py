@@ -98,6 +98,7 @@ class Engine:
         self.client, self.spec, self.settings = client, spec, settings
         self.requested = num_collectors
         self.run = run
+        self.servers: Any = None  # central inference's servers: they alone get the weights
         #: The indices of the collectors taken over from a driver that died (:meth:`adopt`).
         self.adopted: tuple[int, ...] = ()
         self.failures = FailureCounters()
@@ -123,7 +124,8 @@ class Engine:
         template = ActorSpec(
             index=0,
             uid=0,
-            track_policy_version=spec.weights.track_policy_version,
+            # With central inference the servers write the version of the weights that acted.
+            track_policy_version=spec.weights.track_policy_version and spec.inference is None,
             memmap_root=self.ledger.root if self.ledger else None,
             restart_env_on_error=spec.faults.on_env_error == "restart",
             shared_memory=router.probe,
@@ -359,6 +361,12 @@ class Engine:
             )
         return [by_index[i] for i in ids]
 
+    def serve_from(self, servers: Any) -> None:
+        """Central inference: weights go to ``servers`` (``InferenceServers``), the collectors hold none."""
+        self.servers = servers
+        if servers is not None:
+            self.pool.reserved = set(servers.addresses)
+
     def send_weights(self, source: Any, slots: list[Slot]) -> int:
         """Publishes the weights of ``source`` to ``slots`` as a new version; returns the version.
 
@@ -370,6 +378,10 @@ class Engine:
             ConfigurationError: If the weights' keys, shapes or dtypes differ
                 from the policy's.
         """
+        if self.servers is not None:
+            self.servers.load_weights(extract_weights(source))
+            self.router.version += 1
+            return self.router.version
         version = self.router.publish(extract_weights(source), slots)
         offers = [(s, self.router.pending(s.index)) for s in slots if self.pool.inflight_count(s)]
         self.pool.offer([(s, sent) for s, sent in offers if sent is not None])

@@ -91,3 +91,7 @@ class DaskVersionError(DaskCollectError, RuntimeError):
 
 class ReplayBufferLostError(DaskCollectError, RuntimeError):
     """The worker holding a :class:`~daskcollect.DaskReplayBuffer` is gone, or does not answer."""
+
+
+class InferenceServerLostError(DaskCollectError, ConnectionError):
+    """An inference server (``inference="server"``) is gone, or its channel from a collector closed."""

@@ -158,6 +158,8 @@ class ActorPool:
         self.lock = threading.Lock()
         #: Addresses of workers announced as retiring (see daskcollect.retirement).
         self.retiring_workers: set[str] = set()
+        #: Workers that host no collector (central inference's servers).
+        self.reserved: set[str] = set()
         self.census = ""  # what the last free_workers() saw, for NotEnoughWorkersError
         #: Awaited on the event loop when a call of a retiring slot completes.
         self.on_retiring_call_done: Callable[[Slot], Awaitable[None]] | None = None
@@ -212,7 +214,7 @@ class ActorPool:
             hosting = {s.address for s in self._slots}
             retiring = set(self.retiring_workers)
         eligible = eligible_workers(self.client, self.resources, self.settings.timeouts.connect)
-        listed, taken = set(eligible), hosting | retiring
+        listed, taken = set(eligible), hosting | retiring | self.reserved
         self.census = (
             f"the scheduler lists {len(eligible)} eligible workers: {len(hosting & listed)} host "
             f"this collection's collectors, {len(retiring & listed - hosting)} are retiring"

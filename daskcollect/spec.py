@@ -18,6 +18,7 @@ from typing import Any
 from torchrl.collectors import BaseCollector, Collector, MultiAsyncCollector, MultiSyncCollector
 
 from daskcollect.errors import ConfigurationError
+from daskcollect.inference.options import InferenceOptions, inference_options
 from daskcollect.memmap import check_writable
 from daskcollect.options import BatchOptions, ClusterOptions, FaultOptions, OutputOptions, WeightOptions
 from daskcollect.settings import Settings
@@ -147,6 +148,7 @@ class CollectionSpec:
             that leaves takes its collector with it.
         seed: ``set_seed(seed)`` once the collectors exist.
         inputs: What the recipes are built from.
+        inference: Central inference (``inference="server"``), or ``None``.
     """
 
     batch: BatchOptions
@@ -158,6 +160,7 @@ class CollectionSpec:
     follow: bool
     seed: int | None
     inputs: RecipeInputs = field(repr=False)
+    inference: InferenceOptions | None = None
 
     @classmethod
     def from_keywords(cls, settings: Settings, kw: dict[str, Any]) -> CollectionSpec:
@@ -212,7 +215,10 @@ class CollectionSpec:
             {k: kw[k] for k in _DEVICES}, {k: kw[k] for k in OVERRIDING + DEFAULTING}, kw["init_random_frames"],
             bool(kw["use_env_creator"]),
         )  # fmt: skip
-        spec = cls(batch, weights, cluster, output, faults, num_collectors, follow, kw["seed"], inputs)
+        inference = inference_options(kw, inputs.collector_class)
+        spec = cls(
+            batch, weights, cluster, output, faults, num_collectors, follow, kw["seed"], inputs, inference
+        )
         if num_collectors is not None:  # otherwise the cluster says, and recipes() checks then
             spec.check_count(num_collectors)
         return spec
@@ -320,8 +326,14 @@ class CollectionSpec:
             {k: per_collector(v, k, n) for k, v in inputs.devices.items()},
         )
 
-    def recipes(self, n: int) -> list[bytes]:
-        """One cloudpickled recipe per collector; identical recipes are pickled once and shared."""
+    def recipes(self, n: int, policies: list[Any] | None = None) -> list[bytes]:
+        """One cloudpickled recipe per collector; identical recipes are pickled once and shared.
+
+        Args:
+            n: Collectors.
+            policies: One policy per collector instead of ``policy=`` and
+                ``policy_factory=`` (central inference's clients).
+        """
         inputs = self.inputs
         envs, factories, user_kwargs, devices = self._per_collector_inputs(n)
         scheme = self._inner_scheme()
@@ -336,9 +348,8 @@ class CollectionSpec:
                 from torchrl.envs import EnvBase, EnvCreator
 
                 env = env if isinstance(env, (EnvBase, EnvCreator)) else EnvCreator(env)
-            recipe = CollectorRecipe(
-                env, inputs.policy, factories[i], inputs.collector_class, kwargs, inputs.num_envs
-            )
+            policy, factory = (inputs.policy, factories[i]) if policies is None else (policies[i], None)
+            recipe = CollectorRecipe(env, policy, factory, inputs.collector_class, kwargs, inputs.num_envs)
             blob = next((b for r, b in blobs if r == recipe), None)
             if blob is None:
                 blob = recipe.dumps()
