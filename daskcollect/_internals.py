@@ -353,6 +353,16 @@ def set_collector_carrier(collector: Any, carrier: Any) -> None:
     collector._carrier = carrier
 
 
+def inference_stamp_key() -> str:
+    """The key under which TorchRL's ``PolicyClientModule`` sends the caller's interaction type to an
+    inference server (its requests always carry it)."""
+    try:
+        from torchrl.modules.inference_server._client import _REMOTE_INTERACTION_TYPE_KEY
+    except ImportError as exc:
+        raise _missing("torchrl.modules.inference_server._client._REMOTE_INTERACTION_TYPE_KEY", exc) from None
+    return _REMOTE_INTERACTION_TYPE_KEY
+
+
 def default_exploration_type() -> Any:
     """TorchRL collectors' default ``exploration_type`` (``ExplorationType.RANDOM`` where TorchRL
     no longer keeps it in ``torchrl.collectors._constants``)."""

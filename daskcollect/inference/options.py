@@ -9,7 +9,7 @@ from typing import Any
 from daskcollect.errors import ConfigurationError
 
 #: Keys of ``inference_options=``.
-OPTION_KEYS = ("max_batch_size", "device")
+OPTION_KEYS = ("max_batch_size", "device", "torch_threads")
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class InferenceOptions:
         max_batch_size: The most requests one forward pass serves.
         track_policy_version: Servers write their weights' version under
             ``"policy_version"`` in every answer.
+        torch_threads: Each server's torch threads; ``None``: its worker's ``nthreads``.
     """
 
     workers: int = 1
@@ -30,6 +31,7 @@ class InferenceOptions:
     device: str | None = None
     max_batch_size: int = 64
     track_policy_version: bool = False
+    torch_threads: int | None = None
 
 
 def inference_options(kw: dict[str, Any], collector_class: type) -> InferenceOptions | None:
@@ -69,10 +71,14 @@ def inference_options(kw: dict[str, Any], collector_class: type) -> InferenceOpt
     if not isinstance(batch, int) or batch < 1:
         raise ConfigurationError(f"inference_options['max_batch_size'] must be an int >= 1, got {batch!r}.")
     device = extra.get("device")
+    threads = extra.get("torch_threads")
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ConfigurationError(f"inference_options['torch_threads'] must be an int >= 1, got {threads!r}.")
     return InferenceOptions(
         workers=workers,
         resources=dict(kw["inference_resources"]) if kw["inference_resources"] else None,
         device=None if device is None else str(device),
         max_batch_size=batch,
         track_policy_version=bool(kw["track_policy_version"]),
+        torch_threads=threads,
     )

@@ -18,8 +18,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import cloudpickle
+import torch
 from distributed import Client, get_worker, wait
 
+from daskcollect import _internals
 from daskcollect.cluster import eligible_workers
 from daskcollect.errors import CollectorTimeoutError, NotEnoughWorkersError
 from daskcollect.inference import transport
@@ -41,6 +43,7 @@ class ServerSpec:
     max_batch_size: int
     device: str | None
     track_policy_version: bool
+    torch_threads: int | None = None
     policy_version: int = 0
 
 
@@ -55,8 +58,13 @@ class InferenceActor:
     def __init__(self, spec: ServerSpec, policy: bytes):
         from torchrl.modules.inference_server import InferenceServer
 
-        transport.install(get_worker())
+        worker = get_worker()
+        transport.install(worker)
         self.spec = spec
+        # The forward passes get the threads the worker declares (dask worker --nthreads), not the
+        # one a collector's worker gets (daskcollect.worker.torch-threads).
+        self._threads = torch.get_num_threads()
+        torch.set_num_threads(spec.torch_threads or worker.state.nthreads)
         model = cloudpickle.loads(policy)
         if spec.device is not None:
             model = model.to(spec.device)
@@ -90,6 +98,7 @@ class InferenceActor:
     def close(self) -> None:
         SERVING.pop(self.spec.name, None)
         self.server.shutdown()
+        torch.set_num_threads(self._threads)
 
 
 class InferenceServers:
@@ -171,7 +180,12 @@ class InferenceServers:
     def clients(self, n: int) -> list[DaskInferenceClient]:
         """One client per collector, spreading the collectors evenly over the servers."""
         timeout = self.settings.timeouts.rollout
-        return [DaskInferenceClient(*self.servers[i % len(self.servers)][:2], timeout) for i in range(n)]
+        inputs = [*self._in_keys, _internals.inference_stamp_key()]
+        outputs = [*self._out_keys, *(["policy_version"] if self.options.track_policy_version else [])]
+        return [
+            DaskInferenceClient(*self.servers[i % len(self.servers)][:2], timeout, inputs, outputs)
+            for i in range(n)
+        ]
 
     def policies(self, n: int) -> list[Any]:
         """One policy per collector: TorchRL's ``PolicyClientModule`` over a client of one server,
@@ -189,11 +203,13 @@ class InferenceServers:
 
     def stats(self) -> list[dict[str, Any]]:
         """Each server's worker and TorchRL's statistics (bounded; a silent server reports none)."""
-        calls = [(address, actor.stats()) for address, _, _, actor in self.servers]
+        calls = [(address, name, actor.stats()) for address, name, _, actor in self.servers]
         out = []
-        for address, call in calls:
+        for address, name, call in calls:
             with contextlib.suppress(Exception):
-                out.append({"worker": address, **call.result(timeout=self.settings.timeouts.call)})
+                out.append(
+                    {"worker": address, "name": name, **call.result(timeout=self.settings.timeouts.call)}
+                )
         return out
 
     def close(self, timeout: float) -> None:

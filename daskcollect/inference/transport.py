@@ -10,6 +10,13 @@ the server's worker hands the comm to :func:`install`'s handler. Requests
 event loop; answers come back on the same comm, each resolving the request's
 ``concurrent.futures.Future``.
 
+A request carries only the policy's input tensors, and an answer only its
+output tensors, as raw bytes in the message (:func:`pack`): msgpack writes
+bytes as they are, where a TensorDict would go through Dask's serialization
+machinery, which cost more CPU per step than the env and the transfer
+together (py-spy, benchmarks/central_inference.py). The keys travel once, when
+the channel opens.
+
 On the server, requests enter a :class:`ServerTransport`, which is what
 TorchRL's ``InferenceServer`` drains, batches and answers through
 (:meth:`ServerTransport.resolve`). The same completion-stream
@@ -29,11 +36,11 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Any
 
+import torch
 from distributed import get_worker
 from distributed.comm import connect
 from distributed.core import Status
-from distributed.protocol import to_serialize
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from torchrl.modules.inference_server import InferenceTransport
 
 from daskcollect import _internals
@@ -64,9 +71,10 @@ class ServerTransport(InferenceTransport):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._peeked: tuple | None = None
 
-    def put(self, td: TensorDictBase, callback: Any) -> None:
-        """Queues one request (event loop); ``callback`` is ``(loop, sender, request id)``."""
-        self._queue.put((td, callback, time.monotonic()))
+    def put(self, packed: list[Packed], callback: Any) -> None:
+        """Queues one request (event loop): its packed inputs, and ``callback``, ``(loop, sender, request
+        id, input keys, output keys)``."""
+        self._queue.put((packed, callback, time.monotonic()))
 
     def submit(self, td: TensorDictBase) -> Future:
         raise RuntimeError("Requests reach a Dask inference server through DaskInferenceClient.")
@@ -89,21 +97,51 @@ class ServerTransport(InferenceTransport):
                 taken.append(self._queue.get_nowait())
             except queue.Empty:
                 break
-        return [t[0] for t in taken], [t[1] for t in taken], [t[2] for t in taken]
+        items = [TensorDict(unpack(packed, callback[3]), batch_size=[]) for packed, callback, _ in taken]
+        return items, [t[1] for t in taken], [t[2] for t in taken]
 
     def drain(self, max_items: int) -> tuple[list, list]:
         items, callbacks, _ = self.drain_with_timing(max_items)
         return items, callbacks
 
     def resolve(self, callback: Any, result: TensorDictBase) -> None:
-        loop, out, request = callback
-        loop.call_soon_threadsafe(_answer, out, {"id": request, "ok": True, "td": to_serialize(result)})
+        loop, out, request, _, keys = callback
+        answer = {"id": request, "ok": True, "t": pack(result, keys)}
+        loop.call_soon_threadsafe(_answer, out, answer)
 
     def resolve_exception(self, callback: Any, exc: BaseException) -> None:
-        loop, out, request = callback
+        loop, out, request = callback[:3]
         loop.call_soon_threadsafe(
             _answer, out, {"id": request, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
         )
+
+
+#: One tensor on the wire: its bytes, dtype name and shape (msgpack-able).
+Packed = tuple[bytes, str, tuple[int, ...]]
+
+
+def pack(td: TensorDictBase, keys: list) -> list[Packed]:
+    """The tensors of ``td`` at ``keys``, as bytes with their dtype and shape (CPU)."""
+    out = []
+    for key in keys:
+        tensor = td.get(key).detach()
+        if tensor.device.type != "cpu":
+            tensor = tensor.cpu()
+        out.append((tensor.contiguous().numpy().tobytes(), str(tensor.dtype)[6:], tuple(tensor.shape)))
+    return out
+
+
+def unpack(packed: list[Packed], keys: list) -> dict:
+    """The inverse of :func:`pack`: ``{key: tensor}`` over the received bytes (copied once)."""
+    return {
+        key: torch.frombuffer(bytearray(data), dtype=getattr(torch, dtype)).reshape(shape)
+        for key, (data, dtype, shape) in zip(keys, packed)
+    }
+
+
+def nested(keys: list) -> list:
+    """Keys as msgpack returns them (tuples become lists) back to TensorDict keys."""
+    return [tuple(k) if isinstance(k, list) else k for k in keys]
 
 
 def _answer(out: Sender, message: dict) -> None:
@@ -116,8 +154,9 @@ def _answer(out: Sender, message: dict) -> None:
 def install(worker: Any) -> None:
     """Makes ``worker`` accept inference channels for the servers in :data:`SERVING` (idempotent)."""
 
-    async def daskcollect_infer(comm: Any, server: str) -> Any:
+    async def daskcollect_infer(comm: Any, server: str, inputs: list, outputs: list) -> Any:
         transport = SERVING.get(server)
+        inputs, outputs = nested(inputs), nested(outputs)
         out = Sender(comm)
         if transport is None:
             out.abort()
@@ -126,7 +165,7 @@ def install(worker: Any) -> None:
         try:
             while True:
                 for request in await comm.read():
-                    transport.put(request["td"], (loop, out, request["id"]))
+                    transport.put(request["t"], (loop, out, request["id"], inputs, outputs))
         except OSError:  # the collector closed its channel, or is gone
             pass
         finally:
@@ -143,15 +182,20 @@ class DaskInferenceClient:
         address: The inference server's worker.
         server: The server's name on that worker.
         timeout: Bound, in seconds, on connecting and on each answer.
+        inputs: The keys a request carries: the policy's in_keys (and
+            TorchRL's interaction-type stamp).
+        outputs: The keys an answer carries: the policy's out_keys (and the
+            policy version, where the server writes it).
     """
 
-    def __init__(self, address: str, server: str, timeout: float):
+    def __init__(self, address: str, server: str, timeout: float, inputs: list, outputs: list):
         self.address, self.server, self.timeout = address, server, timeout
+        self.inputs, self.outputs = list(inputs), list(outputs)
         self._channel: _Channel | None = None
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:
-        return {"address": self.address, "server": self.server, "timeout": self.timeout}
+        return {key: getattr(self, key) for key in ("address", "server", "timeout", "inputs", "outputs")}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state)
@@ -160,7 +204,7 @@ class DaskInferenceClient:
         """Sends one request; the future resolves to the server's answer."""
         with self._lock:
             if self._channel is None or self._channel.closed:
-                self._channel = _Channel(get_worker(), self.address, self.server, self.timeout)
+                self._channel = _Channel(get_worker(), self)
         return self._channel.submit(td)
 
     def __call__(self, td: TensorDictBase) -> TensorDictBase:
@@ -174,20 +218,29 @@ class DaskInferenceClient:
 class _Channel:
     """One comm from a collector's worker to an inference server, with its requests in flight."""
 
-    def __init__(self, worker: Any, address: str, server: str, timeout: float):
+    def __init__(self, worker: Any, client: DaskInferenceClient):
         self.loop = worker.loop
         self.closed = False
-        self._pending: dict[int, tuple[Future, float]] = {}
+        self.inputs, self.outputs = client.inputs, client.outputs
+        self._pending: dict[int, tuple[Future, TensorDictBase, float]] = {}
         self._ids = itertools.count()
-        self.latencies = LATENCIES.setdefault(server, deque(maxlen=4096))
+        self.latencies = LATENCIES.setdefault(client.server, deque(maxlen=4096))
         self._out: Sender | None = None
-        args = worker.connection_args
-        _internals.sync(self.loop, self._open, address, server, args, timeout, callback_timeout=timeout + 5)
+        args, timeout = worker.connection_args, client.timeout
+        _internals.sync(self.loop, self._open, client, args, callback_timeout=timeout + 5)
 
-    async def _open(self, address: str, server: str, args: dict, timeout: float) -> None:
+    async def _open(self, client: DaskInferenceClient, args: dict) -> None:
+        address = client.address
+        hello = {
+            "op": OPEN,
+            "server": client.server,
+            "inputs": self.inputs,
+            "outputs": self.outputs,
+            "reply": False,
+        }
         try:
-            comm = await connect(address, timeout=timeout, name="daskcollect-infer", **args)
-            await comm.write({"op": OPEN, "server": server, "reply": False})
+            comm = await connect(address, timeout=client.timeout, name="daskcollect-infer", **args)
+            await comm.write(hello)
         except (OSError, asyncio.TimeoutError) as exc:
             self.closed = True
             raise InferenceServerLostError(
@@ -202,8 +255,9 @@ class _Channel:
             future.set_exception(InferenceServerLostError("The inference server's channel is closed."))
             return future
         request = next(self._ids)
-        self._pending[request] = (future, time.perf_counter())
-        self.loop.add_callback(self._send, {"id": request, "td": to_serialize(td)})
+        message = {"id": request, "t": pack(td, self.inputs)}
+        self._pending[request] = (future, td, time.perf_counter())
+        self.loop.add_callback(self._send, message)
         return future
 
     def _send(self, message: dict) -> None:
@@ -217,12 +271,13 @@ class _Channel:
         try:
             while True:
                 for answer in await comm.read():
-                    future, sent = self._pending.pop(answer["id"], (None, 0.0))
+                    future, td, sent = self._pending.pop(answer["id"], (None, None, 0.0))
                     if future is None:
                         continue
                     self.latencies.append(time.perf_counter() - sent)
                     if answer["ok"]:
-                        future.set_result(answer["td"])
+                        # As a local TensorDictModule does: the outputs are written into the request.
+                        future.set_result(td.update(unpack(answer["t"], self.outputs)))
                     else:
                         future.set_exception(
                             RuntimeError(f"inference on {address} failed: {answer['error']}")
@@ -236,7 +291,7 @@ class _Channel:
     def _fail(self, cause: str) -> None:
         self.closed = True
         pending, self._pending = self._pending, {}
-        for future, _ in pending.values():
+        for future, _, _ in pending.values():
             if not future.done():
                 future.set_exception(InferenceServerLostError(cause))
 

@@ -1,0 +1,117 @@
+"""Central inference against per-collector inference, 8 collectors, the same cores (the central-inference issue).
+
+    python benchmarks/central_inference.py --sizes 64 256 1024 --pairs 3
+
+One LocalCluster of ``collectors + 2`` worker processes serves every run, so both sides share the same
+cores. Per size: CartPole with an MLP policy of 3 hidden layers of that width (argmax, deterministic),
+``--pairs`` interleaved pairs of runs in async mode: each collector with its own copy of the policy,
+then ``inference="server"`` with one server. The figure is frames/s after the first batch, and the
+central/per-collector ratio (median of the pairs); the crossover is the smallest width where central
+inference wins. For the largest width, the action latency seen by the collectors (p50 and p99, from
+request to answer) is measured with 1 and 2 servers. Results go to
+benchmarks/results/central_inference.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from _common import header, median_ratio, save
+from distributed import Client, LocalCluster
+from makers import make_cartpole
+from tensordict.nn import TensorDictModule
+from torch import nn
+
+from daskcollect import DaskCollector
+from daskcollect.inference.transport import latencies
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024], help="hidden widths")
+parser.add_argument("--collectors", type=int, default=8)
+parser.add_argument("--pairs", type=int, default=3)
+parser.add_argument("--frames-per-batch", type=int, default=200)
+parser.add_argument("--total-frames", type=int, default=8000)
+parser.add_argument("--out", default=None)
+
+
+class MLPArgmax(nn.Module):
+    """CartPole's deterministic policy: ``layers`` hidden layers of ``width``, one-hot argmax action."""
+
+    def __init__(self, width: int, layers: int = 3):
+        super().__init__()
+        sizes = [4] + [width] * layers
+        blocks = [m for a, b in zip(sizes, sizes[1:]) for m in (nn.Linear(a, b), nn.Tanh())]
+        self.net = nn.Sequential(*blocks, nn.Linear(sizes[-1], 2))
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        logits = self.net(observation)
+        return nn.functional.one_hot(logits.argmax(-1), 2).to(torch.int64)
+
+
+def policy(width: int) -> TensorDictModule:
+    torch.manual_seed(0)
+    return TensorDictModule(MLPArgmax(width), in_keys=["observation"], out_keys=["action"])
+
+
+def run(client: Client, args, width: int, servers: int) -> dict:
+    """Frames/s of one collection after its first batch (``servers`` 0: per-collector inference)."""
+    central = {"inference": "server", "inference_workers": servers} if servers else {}
+    with DaskCollector(make_cartpole, policy(width), frames_per_batch=args.frames_per_batch,
+                       total_frames=args.total_frames, num_collectors=args.collectors, client=client,
+                       **central) as collector:  # fmt: skip
+        batches = iter(collector)
+        next(batches)
+        start, frames = time.perf_counter(), 0
+        for batch in batches:
+            frames += batch.numel()
+        fps = frames / (time.perf_counter() - start)
+        out = {"fps": fps}
+        if servers:
+            out["servers"] = collector.stats()["inference"]
+            names = {s["name"] for s in out["servers"]}
+            seen = client.run(latencies, callback_timeout=60).values()
+            samples = sorted(x for per in seen for name, s in per.items() if name in names for x in s)
+            out["latency_ms_p50"] = 1000 * samples[len(samples) // 2]
+            out["latency_ms_p99"] = 1000 * samples[min(int(len(samples) * 0.99), len(samples) - 1)]
+    return out
+
+
+def main() -> None:
+    args = parser.parse_args()
+    result = header("central_inference", args)
+    result["sizes"] = {}
+    workers = args.collectors + 2
+    with LocalCluster(
+        n_workers=workers, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
+    ) as cluster:
+        with Client(cluster) as client:
+            for width in args.sizes:
+                local, central = [], []
+                for pair in range(args.pairs):
+                    order = [(local, 0), (central, 1)] if pair % 2 == 0 else [(central, 1), (local, 0)]
+                    for runs, servers in order:
+                        runs.append(run(client, args, width, servers))
+                ratio = median_ratio([r["fps"] for r in central], [r["fps"] for r in local])
+                result["sizes"][str(width)] = {
+                    "per_collector_fps": statistics.median(r["fps"] for r in local),
+                    "central_fps": statistics.median(r["fps"] for r in central),
+                    "ratio": ratio,
+                    "runs": {"per_collector": local, "central": central},
+                }
+                print(f"width {width}: central/per-collector {ratio:.2f}", flush=True)
+            wins = [w for w in args.sizes if result["sizes"][str(w)]["ratio"] > 1.0]
+            result["crossover_width"] = min(wins) if wins else None
+            widest = max(args.sizes)
+            result["latency"] = {str(k): run(client, args, widest, k) for k in (1, 2)}
+    for k, r in result["latency"].items():
+        print(
+            f"{k} server(s), width {widest}: p50 {r['latency_ms_p50']:.2f} ms, p99 {r['latency_ms_p99']:.2f} ms"
+        )
+    save(result, "central_inference", args.out)
+
+
+if __name__ == "__main__":
+    main()
