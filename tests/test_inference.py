@@ -7,11 +7,17 @@ their own.
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
+import psutil
 import pytest
 import torch
+from distributed import Client
 from makers import make_stateless_pendulum, pendulum_policy
 
-from daskcollect import ConfigurationError, DaskCollector
+from daskcollect import ConfigurationError, DaskCollector, RolloutError
 from daskcollect.inference.transport import latencies
 
 COMMON = dict(frames_per_batch=40, max_frames_per_traj=25, num_collectors=2)
@@ -68,3 +74,20 @@ def test_bad_inference_keywords_are_refused_before_any_cluster_starts(kwargs, ma
     policy = None if "policy_factory" in kwargs else pendulum_policy()
     with pytest.raises(ConfigurationError, match=match):
         DaskCollector(make_stateless_pendulum, policy, total_frames=400, **COMMON, **kwargs)
+
+
+def test_a_lost_inference_server_is_a_named_error_within_seconds(make_cluster):
+    cluster = make_cluster(n_workers=3)
+    with Client(cluster, set_as_default=False) as client:
+        with DaskCollector(make_stateless_pendulum, pendulum_policy(), total_frames=-1, client=client,
+                           inference="server", **COMMON) as collector:  # fmt: skip
+            batches = iter(collector)
+            next(batches)
+            (server,) = collector.stats()["inference"]
+            pid = client.run(os.getpid, workers=[server["worker"]], callback_timeout=30)[server["worker"]]
+            psutil.Process(pid).send_signal(signal.SIGKILL)
+            start = time.monotonic()
+            with pytest.raises(RolloutError, match="InferenceServerLostError"):
+                for _ in range(10_000):  # bounded: each batch is 40 frames
+                    next(batches)
+            assert time.monotonic() - start < 30
