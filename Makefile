@@ -58,6 +58,8 @@ bench: install
 	$(PY) benchmarks/startup.py --workers 4 --pairs 3
 	$(PY) benchmarks/lag.py --batches 300
 	$(PY) benchmarks/replay_buffer.py --frames 4000 --pairs 3
+	$(PY) benchmarks/reattach.py --build-seconds 3 --pairs 3
+	$(PY) benchmarks/central_inference.py --sizes 256 1024 2048 --pairs 3 --png docs/img/central_inference.png
 	$(PY) benchmarks/cold_start.py --repeats 3
 	$(PY) benchmarks/driver_cost.py --collectors 8 16 32 --pairs 3
 	$(PY) benchmarks/driver_cost.py --collectors 16 --pairs 3 --external
@@ -86,6 +88,8 @@ bench-smoke: install
 	$(PY) benchmarks/throughput.py --num-envs 2 --frames-per-batch 100 --total-frames 400 --pairs 1 --out $(SMOKE)/p8.json
 	$(PY) benchmarks/probes_overhead.py --pairs 1 --batches 3 --out $(SMOKE)/p10.json
 	$(PY) benchmarks/cross_host.py --hosts 2 --workers-per-host 1 --pairs 1 --seconds 1 --sizes-mb 1 --repeats 1 --warmup 0 --out $(SMOKE)/cross_host.json
+	$(PY) benchmarks/reattach.py --build-seconds 0.5 --pairs 1 --out $(SMOKE)/reattach.json
+	$(PY) benchmarks/central_inference.py --sizes 64 --collectors 2 --pairs 1 --total-frames 800 --out $(SMOKE)/central.json --png $(SMOKE)/central.png
 	cp docs/benchmarks.md $(SMOKE)/benchmarks.md
 	$(PY) benchmarks/report.py --doc $(SMOKE)/benchmarks.md --png $(SMOKE)/benchmarks.png --scale-png $(SMOKE)/scale.png --cross-host-png $(SMOKE)/cross_host.png
 	rm -rf $(SMOKE)

@@ -35,6 +35,9 @@ parser.add_argument("--pairs", type=int, default=3)
 parser.add_argument("--frames-per-batch", type=int, default=200)
 parser.add_argument("--total-frames", type=int, default=8000)
 parser.add_argument("--out", default=None)
+parser.add_argument(
+    "--png", default=None, help="where to draw frames/s by width (docs/img/central_inference.png)"
+)
 
 
 class MLPArgmax(nn.Module):
@@ -111,6 +114,31 @@ def main() -> None:
             f"{k} server(s), width {widest}: p50 {r['latency_ms_p50']:.2f} ms, p99 {r['latency_ms_p99']:.2f} ms"
         )
     save(result, "central_inference", args.out)
+    if args.png:
+        plot(result, args.png)
+
+
+def plot(result: dict, path: str) -> None:
+    """Frames/s of both sides by MLP width, with the central/per-collector ratio over each width."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    widths = sorted(int(w) for w in result["sizes"])
+    sizes = [result["sizes"][str(w)] for w in widths]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(widths, [s["per_collector_fps"] for s in sizes], "o-", label="per-collector inference")
+    ax.plot(widths, [s["central_fps"] for s in sizes], "s-", label='inference="server" (1 server)')
+    for w, s in zip(widths, sizes):
+        ax.annotate(f"{s['ratio']:.2f}x", (w, s["central_fps"]), textcoords="offset points", xytext=(0, -14))
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("MLP width (3 hidden layers)")
+    ax.set_ylabel("frames/s, 8 collectors, 2 cores")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print("drew", path)
 
 
 if __name__ == "__main__":
