@@ -298,6 +298,23 @@ def rpc(owner: Any, address: str) -> Any:
     return pool(address)
 
 
+async def read_variable(worker: Any, name: str, timeout: float) -> Any | None:
+    """The value of the Dask ``Variable`` ``name`` (one set from a ``Client``), read from inside a worker
+    through the scheduler's variable handler, as ``Variable.get`` does; ``None`` if it is not set within
+    ``timeout`` seconds. Only msgpack-able values."""
+    try:
+        scheduler = worker.scheduler
+    except AttributeError as exc:
+        raise _missing("Worker.scheduler", exc) from None
+    try:
+        record = await scheduler.variable_get(name=name, client=worker.id, timeout=timeout)
+    except (TimeoutError, asyncio.TimeoutError):
+        return None
+    if record.get("type") != "msgpack":
+        raise _missing("VariableExtension.get's msgpack record", KeyError(record.get("type")))
+    return record["value"]
+
+
 try:
     from distributed.utils import sync as _dasks_sync
 except ImportError:  # looked up once, not on every call

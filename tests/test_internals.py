@@ -103,6 +103,18 @@ async def test_the_scheduler_and_worker_internals_answer_as_dask_does(c, s, a, b
     assert "daskcollect_test_echo" not in a.handlers
 
 
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_a_worker_reads_a_variable_set_by_a_client(c, s, a):
+    assert await _internals.read_variable(a, "daskcollect-test-var", timeout=0.1) is None  # not set: None
+    variable = distributed.Variable("daskcollect-test-var", client=c)
+    await variable.set({"routes": [["tcp://127.0.0.1:1", "x"]], "failed": None})
+    value = await _internals.read_variable(a, "daskcollect-test-var", timeout=5)
+    assert [list(route) for route in value["routes"]] == [["tcp://127.0.0.1:1", "x"]]  # tuples in-process
+    assert value["failed"] is None
+    with pytest.raises(DaskVersionError, match="Worker.scheduler"):
+        await _internals.read_variable(object(), "daskcollect-test-var", timeout=1)
+
+
 def test_sync_runs_a_coroutine_on_another_threads_loop(client):
     async def add(x: int, y: int) -> int:
         return x + y
