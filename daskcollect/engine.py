@@ -365,7 +365,8 @@ class Engine:
         """Central inference: weights go to ``servers`` (``InferenceServers``), the collectors hold none."""
         self.servers = servers
         if servers is not None:
-            self.pool.reserved = set(servers.addresses)
+            self.pool.reserved = servers.reserved  # one set: a replaced server's new worker is reserved too
+            servers.hosting = lambda: {slot.address for slot in self.pool.slots}
 
     def send_weights(self, source: Any, slots: list[Slot]) -> int:
         """Publishes the weights of ``source`` to ``slots`` as a new version; returns the version.

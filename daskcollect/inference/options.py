@@ -9,7 +9,7 @@ from typing import Any
 from daskcollect.errors import ConfigurationError
 
 #: Keys of ``inference_options=``.
-OPTION_KEYS = ("max_batch_size", "device", "torch_threads")
+OPTION_KEYS = ("max_batch_size", "device", "torch_threads", "max_in_flight")
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,10 @@ class InferenceOptions:
         track_policy_version: Servers write their weights' version under
             ``"policy_version"`` in every answer.
         torch_threads: Each server's torch threads; ``None``: its worker's ``nthreads``.
+        max_in_flight: The most requests a collector has unanswered (TorchRL's
+            ``PolicyClientModule(max_inflight=)``): a collector's policy call
+            waits for its answer, so one is enough unless user code submits
+            several.
     """
 
     workers: int = 1
@@ -32,6 +36,7 @@ class InferenceOptions:
     max_batch_size: int = 64
     track_policy_version: bool = False
     torch_threads: int | None = None
+    max_in_flight: int = 1
 
 
 def inference_options(kw: dict[str, Any], collector_class: type) -> InferenceOptions | None:
@@ -74,6 +79,11 @@ def inference_options(kw: dict[str, Any], collector_class: type) -> InferenceOpt
     threads = extra.get("torch_threads")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ConfigurationError(f"inference_options['torch_threads'] must be an int >= 1, got {threads!r}.")
+    in_flight = extra.get("max_in_flight", 1)
+    if not isinstance(in_flight, int) or isinstance(in_flight, bool) or in_flight < 1:
+        raise ConfigurationError(
+            f"inference_options['max_in_flight'] must be an int >= 1, got {in_flight!r}."
+        )
     return InferenceOptions(
         workers=workers,
         resources=dict(kw["inference_resources"]) if kw["inference_resources"] else None,
@@ -81,4 +91,5 @@ def inference_options(kw: dict[str, Any], collector_class: type) -> InferenceOpt
         max_batch_size=batch,
         track_policy_version=bool(kw["track_policy_version"]),
         torch_threads=threads,
+        max_in_flight=in_flight,
     )

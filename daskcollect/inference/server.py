@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
+import time
 import uuid
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
 import torch
-from distributed import Client, get_worker, wait
+from distributed import Client, Variable, get_worker, wait
 
 from daskcollect import _internals
 from daskcollect.cluster import eligible_workers
@@ -33,6 +36,8 @@ from daskcollect.settings import Settings
 logger = logging.getLogger(__name__)
 
 SERVER_KEY_PREFIX = "daskcollect-inference-"
+#: Seconds between the driver's looks at its inference servers' workers.
+WATCH_INTERVAL = 0.5
 
 
 @dataclass(frozen=True)
@@ -51,11 +56,13 @@ class InferenceActor:
     """One ``InferenceServer`` in a Dask worker (created with ``actor=True``).
 
     Args:
-        spec: Its name and batching.
+        spec: Its name, batching and the version of ``weights``.
         policy: The cloudpickled policy module.
+        weights: The weights to serve instead of the policy's own (a
+            replacement server gets the driver's latest), or ``None``.
     """
 
-    def __init__(self, spec: ServerSpec, policy: bytes):
+    def __init__(self, spec: ServerSpec, policy: bytes, weights: Any = None):
         from torchrl.modules.inference_server import InferenceServer
 
         worker = get_worker()
@@ -66,6 +73,8 @@ class InferenceActor:
         self._threads = torch.get_num_threads()
         torch.set_num_threads(spec.torch_threads or worker.state.nthreads)
         model = cloudpickle.loads(policy)
+        if weights is not None:
+            _load(model, weights, "cpu")
         if spec.device is not None:
             model = model.to(spec.device)
         self.transport = ServerTransport()
@@ -83,26 +92,48 @@ class InferenceActor:
 
     def load_weights(self, weights: Any) -> int:
         """Copies ``weights`` into the served policy between batches; returns the new version."""
-        from tensordict import TensorDict
-
-        def load(model: Any) -> None:
-            TensorDict.from_module(model).data.update_(weights.to(self.spec.device or "cpu"))
-
-        self.server.update_model(load)
+        self.server.update_model(lambda model: _load(model, weights, self.spec.device or "cpu"))
         return self.server.policy_version
 
     async def stats(self) -> dict[str, Any]:
-        """TorchRL's server statistics: requests, batch sizes, queue and forward times (answers at once)."""
-        return self.server.stats()
+        """TorchRL's server statistics (requests, batch sizes, queue and forward times), the requests
+        waiting and the collectors' action latency (answers at once)."""
+        return {**self.server.stats(), **self.transport.stats()}
 
     def close(self) -> None:
         SERVING.pop(self.spec.name, None)
         self.server.shutdown()
+        get_worker().loop.add_callback(self.transport.close)
         torch.set_num_threads(self._threads)
 
 
+def _load(model: Any, weights: Any, device: str) -> None:
+    from tensordict import TensorDict
+
+    TensorDict.from_module(model).data.update_(weights.to(device))
+
+
+@dataclass(frozen=True)
+class Served:
+    """One running server: its worker, name (the actor's key), future and actor handle."""
+
+    address: str
+    name: str
+    future: Any
+    actor: Any
+
+
 class InferenceServers:
-    """The driver's inference servers: started on eligible workers, fed weights, closed.
+    """The driver's inference servers: started on eligible workers, fed weights, replaced, closed.
+
+    A watcher thread looks at the servers' workers every :data:`WATCH_INTERVAL`
+    seconds. A server whose worker is gone is started again on another
+    eligible worker (one hosting no collector if there is one) with the
+    driver's latest weights and version, and the new route is written to the
+    Dask ``Variable`` :attr:`group`, where the collectors' clients find it and
+    send their waiting requests again. If no eligible worker appears within
+    ``timeouts.workers``, the variable says so and the clients fail their
+    requests with :class:`InferenceServerLostError`.
 
     Args:
         client: The collection's ``Client``.
@@ -115,15 +146,28 @@ class InferenceServers:
         self.client, self.settings, self.options = client, settings, options
         self._policy = cloudpickle.dumps(policy)
         self._in_keys, self._out_keys = list(policy.in_keys), list(policy.out_keys)
-        self._token = uuid.uuid4().hex[:8]
-        self.servers: list[tuple[str, str, Any, Any]] = []  # (address, name, future, actor)
+        #: The Dask Variable with the servers' routes; also their names' prefix.
+        self.group = f"{SERVER_KEY_PREFIX}{uuid.uuid4().hex[:8]}"
+        self.servers: list[Served] = []
+        #: The servers' workers, where the pool places no collector (shared with it).
+        self.reserved: set[str] = set()
+        #: The collectors' workers, avoided when placing a replacement (set by the engine).
+        self.hosting: Callable[[], set[str]] = set
+        self.replaced = [0] * options.workers
+        self.failure: str | None = None
+        self._weights: Any = None
+        self._version = 0
+        self._lock = threading.RLock()
+        self._closed = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._routes = Variable(self.group, client=client)
 
     @property
     def addresses(self) -> set[str]:
-        return {address for address, _, _, _ in self.servers}
+        return {served.address for served in self.servers}
 
     def start(self) -> None:
-        """Starts ``options.workers`` servers, one per eligible worker (bounded).
+        """Starts ``options.workers`` servers, one per eligible worker (bounded), and their watcher.
 
         Raises:
             NotEnoughWorkersError: If too few workers declare the resources in time.
@@ -149,78 +193,165 @@ class InferenceServers:
             ),
         )
         # Workers that declare the resources go to the servers first; the rest host the collectors.
+        self.reserved.update(found[:n])
+        self.servers = self._await([self._launch(i, address) for i, address in enumerate(found[:n])])
+        self._publish()
+        self._watcher = threading.Thread(target=self._watch, name="daskcollect-inference-watch", daemon=True)
+        self._watcher.start()
+
+    def _launch(self, slot: int, address: str) -> tuple[str, str, Any]:
+        """Submits server ``slot``'s actor on ``address``, with the latest weights if any were sent."""
+        generation = self.replaced[slot]
+        name = f"{self.group}-{slot}" + (f".{generation}" if generation else "")
+        options = self.options
         spec = ServerSpec(
-            "", self.options.max_batch_size, self.options.device, self.options.track_policy_version
-        )
-        policy = self.client.scatter(self._policy, workers=found[:n], broadcast=True, hash=False)
-        futures = []
-        for i, address in enumerate(found[:n]):
-            name = f"{SERVER_KEY_PREFIX}{self._token}-{i}"
-            futures.append(
-                (address, name, self.client.submit(
-                    InferenceActor, replace(spec, name=name), policy, actor=True, workers=[address],
-                    allow_other_workers=False, pure=False, key=name,
-                ))
-            )  # fmt: skip
+            name, options.max_batch_size, options.device, options.track_policy_version,
+            options.torch_threads, self._version,
+        )  # fmt: skip
+        policy = self.client.scatter(self._policy, workers=[address], hash=False)
+        weights = None
+        if self._weights is not None:
+            weights = self.client.scatter(self._weights, workers=[address], hash=False)
+        future = self.client.submit(
+            InferenceActor, spec, policy, weights, actor=True, workers=[address],
+            allow_other_workers=False, pure=False, key=name,
+        )  # fmt: skip
+        return address, name, future
+
+    def _await(self, launched: list[tuple[str, str, Any]]) -> list[Served]:
+        """The launched servers once up (bounded by ``timeouts.actor-start``).
+
+        Raises:
+            CollectorTimeoutError: If one is not up in time (all are cancelled).
+        """
+        timeout = self.settings.timeouts.actor_start
         with self.client.as_current():
-            wait([f for _, _, f in futures], timeout=timeouts.actor_start)
-        late = [name for _, name, f in futures if f.status != "finished"]
+            wait([f for _, _, f in launched], timeout=timeout)
+        late = [name for _, name, f in launched if f.status != "finished"]
         if late:
-            errors = [f.exception() for _, _, f in futures if f.status == "error"]
-            self.client.cancel([f for _, _, f in futures])
+            errors = [f.exception() for _, _, f in launched if f.status == "error"]
+            self.client.cancel([f for _, _, f in launched])
             if errors:
                 raise errors[0]
             raise CollectorTimeoutError(
-                f"Inference servers {late} were not up within {timeouts.actor_start:g}s: building the policy "
+                f"Inference servers {late} were not up within {timeout:g}s: building the policy "
                 "on their workers is slow or stuck. Raise daskcollect.timeouts.actor-start.",
             )
         with self.client.as_current():
-            self.servers = [(a, name, f, f.result()) for a, name, f in futures]
+            return [Served(address, name, f, f.result()) for address, name, f in launched]
+
+    def _publish(self) -> None:
+        routes = [[served.address, served.name] for served in self.servers]
+        self._routes.set({"routes": routes, "failed": self.failure}, timeout=self.settings.timeouts.call)
+
+    def _watch(self) -> None:
+        while not self._closed.wait(WATCH_INTERVAL):
+            try:
+                self._check()
+            except Exception:  # the next look tries again: a watcher that dies replaces nothing
+                logger.exception("Looking at the inference servers failed")
+
+    def _check(self) -> None:
+        if self.failure is not None:
+            return
+        timeouts = self.settings.timeouts
+        live = set(eligible_workers(self.client, self.options.resources, timeouts.connect))
+        for slot, served in enumerate(list(self.servers)):
+            if served.address not in live or served.future.status in ("error", "lost", "cancelled"):
+                self._replace(slot, served, live)
+
+    def _replace(self, slot: int, lost: Served, live: set[str]) -> None:
+        """Starts server ``slot`` again elsewhere and publishes its route; or publishes the failure."""
+        logger.warning("Inference server %s on %s is lost; starting it again", lost.name, lost.address)
+        timeouts = self.settings.timeouts
+        deadline = time.monotonic() + timeouts.workers
+        self.reserved.discard(lost.address)
+        while True:
+            free = sorted(live - self.reserved - {lost.address})
+            spare = [address for address in free if address not in self.hosting()]
+            if free or time.monotonic() > deadline or self._closed.is_set():
+                break
+            self._closed.wait(0.2)
+            live = set(eligible_workers(self.client, self.options.resources, timeouts.connect))
+        if not free:
+            self.failure = (
+                f"the inference server {lost.name} on {lost.address} is lost and no worker with resources "
+                f"{dict(self.options.resources or {})} was free to replace it within {timeouts.workers:g}s"
+            )
+            logger.error("%s", self.failure)
+            self._publish()
+            return
+        address = (spare or free)[0]
+        with self._lock:
+            self.reserved.add(address)
+            self.replaced[slot] += 1
+            try:
+                (served,) = self._await([self._launch(slot, address)])
+            except Exception:
+                self.reserved.discard(address)
+                raise
+            self.servers[slot] = served
+            with contextlib.suppress(Exception):
+                self.client.cancel([lost.future])
+            self._publish()
+        logger.warning("Inference server %s replaced by %s on %s", lost.name, served.name, address)
 
     def clients(self, n: int) -> list[DaskInferenceClient]:
         """One client per collector, spreading the collectors evenly over the servers."""
         timeout = self.settings.timeouts.rollout
         inputs = [*self._in_keys, _internals.inference_stamp_key()]
         outputs = [*self._out_keys, *(["policy_version"] if self.options.track_policy_version else [])]
-        return [
-            DaskInferenceClient(*self.servers[i % len(self.servers)][:2], timeout, inputs, outputs)
-            for i in range(n)
-        ]
+        routes = [(served.address, served.name) for served in self.servers]
+        return [DaskInferenceClient(self.group, i, routes, timeout, inputs, outputs) for i in range(n)]
 
     def policies(self, n: int) -> list[Any]:
         """One policy per collector: TorchRL's ``PolicyClientModule`` over a client of one server,
-        spreading the collectors evenly over the servers."""
+        spreading the collectors evenly over the servers, with at most ``max_in_flight`` requests each."""
         from torchrl.modules.inference_server import PolicyClientModule
 
-        in_keys, out_keys = list(self._in_keys), list(self._out_keys)
-        return [PolicyClientModule(c, in_keys=in_keys, out_keys=out_keys) for c in self.clients(n)]
+        in_keys, out_keys, cap = list(self._in_keys), list(self._out_keys), self.options.max_in_flight
+        return [
+            PolicyClientModule(c, in_keys=in_keys, out_keys=out_keys, max_inflight=cap)
+            for c in self.clients(n)
+        ]
 
     def load_weights(self, weights: Any) -> None:
-        """Sends ``weights`` to every server and waits (bounded) until each serves them."""
-        calls = [actor.load_weights(weights) for _, _, _, actor in self.servers]
-        for call in calls:
-            call.result(timeout=self.settings.timeouts.weights)
+        """Sends ``weights`` to every server and waits (bounded) until each serves them; a replacement
+        started later gets them too."""
+        with self._lock:
+            self._weights, self._version = weights.detach().clone(), self._version + 1
+            calls = [served.actor.load_weights(weights) for served in self.servers]
+            for call in calls:
+                call.result(timeout=self.settings.timeouts.weights)
 
     def stats(self) -> list[dict[str, Any]]:
-        """Each server's worker and TorchRL's statistics (bounded; a silent server reports none)."""
-        calls = [(address, name, actor.stats()) for address, name, _, actor in self.servers]
+        """Each server's worker, replacements and TorchRL's statistics (bounded; a silent server reports
+        none)."""
+        calls = [(slot, served, served.actor.stats()) for slot, served in enumerate(self.servers)]
         out = []
-        for address, name, call in calls:
+        for slot, served, call in calls:
             with contextlib.suppress(Exception):
+                stats = call.result(timeout=self.settings.timeouts.call)
                 out.append(
-                    {"worker": address, "name": name, **call.result(timeout=self.settings.timeouts.call)}
+                    {"worker": served.address, "name": served.name, "replaced": self.replaced[slot], **stats}
                 )
         return out
 
     def close(self, timeout: float) -> None:
-        """Stops the servers and deletes their actors (bounded, idempotent)."""
-        calls = []
-        for _, _, _, actor in self.servers:
+        """Stops the watcher and the servers, deletes their actors and routes (bounded, idempotent)."""
+        self._closed.set()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join(timeout)
+        with self._lock:
+            calls = []
+            for served in self.servers:
+                with contextlib.suppress(Exception):
+                    calls.append(served.actor.close())
+            for call in calls:
+                with contextlib.suppress(Exception):
+                    call.result(timeout=timeout)
             with contextlib.suppress(Exception):
-                calls.append(actor.close())
-        for call in calls:
+                self.client.cancel([served.future for served in self.servers])
             with contextlib.suppress(Exception):
-                call.result(timeout=timeout)
-        with contextlib.suppress(Exception):
-            self.client.cancel([f for _, _, f, _ in self.servers])
-        self.servers = []
+                self._routes.delete()
+            self.servers = []

@@ -30,7 +30,6 @@ import asyncio
 import itertools
 import logging
 import queue
-import threading
 import time
 from collections import deque
 from concurrent.futures import Future
@@ -70,11 +69,32 @@ class ServerTransport(InferenceTransport):
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._peeked: tuple | None = None
+        #: The open channels' answer streams (closed with the server).
+        self.channels: set[Sender] = set()
+        #: Seconds from request to answer, as the collectors measured them (the last 4096).
+        self.latencies: deque[float] = deque(maxlen=4096)
 
-    def put(self, packed: list[Packed], callback: Any) -> None:
+    def put(self, packed: list[Packed], callback: Any, latency: float | None = None) -> None:
         """Queues one request (event loop): its packed inputs, and ``callback``, ``(loop, sender, request
-        id, input keys, output keys)``."""
+        id, input keys, output keys)``; ``latency`` is the sender's previous request's."""
         self._queue.put((packed, callback, time.monotonic()))
+        if latency is not None:
+            self.latencies.append(latency)
+
+    def close(self) -> None:
+        """Closes every channel (event loop), so that no comm outlives the server."""
+        for out in list(self.channels):
+            out.abort()
+
+    def stats(self) -> dict[str, Any]:
+        """Requests waiting for a batch, and the action latency's p50 and p99 in milliseconds."""
+        latencies = sorted(self.latencies)
+
+        def quantile(q: float) -> float | None:
+            return 1e3 * latencies[min(int(q * len(latencies)), len(latencies) - 1)] if latencies else None
+
+        depth = self._queue.qsize() + (self._peeked is not None)
+        return {"queue_depth": depth, "p50_action_ms": quantile(0.50), "p99_action_ms": quantile(0.99)}
 
     def submit(self, td: TensorDictBase) -> Future:
         raise RuntimeError("Requests reach a Dask inference server through DaskInferenceClient.")
@@ -162,13 +182,15 @@ def install(worker: Any) -> None:
             out.abort()
             return Status.dont_reply
         loop = asyncio.get_running_loop()
+        transport.channels.add(out)
         try:
             while True:
                 for request in await comm.read():
-                    transport.put(request["t"], (loop, out, request["id"], inputs, outputs))
+                    transport.put(request["t"], (loop, out, request["id"], inputs, outputs), request["l"])
         except OSError:  # the collector closed its channel, or is gone
             pass
         finally:
+            transport.channels.discard(out)
             out.abort()
         return Status.dont_reply
 
@@ -178,9 +200,19 @@ def install(worker: Any) -> None:
 class DaskInferenceClient:
     """A collector's end: picklable; connects, from the worker it runs in, on its first request.
 
+    Requests wait in the client until a channel to the server of its ``slot``
+    is open. When that server is lost, the requests in flight go back to the
+    front of the queue and are sent again, in order, to its replacement, which
+    the driver announces in the Dask ``Variable`` ``group``: a forward pass
+    changes nothing on the server, so a request answered twice (or by the lost
+    server and its replacement) still steps the env once, and the collector's
+    frames are neither lost nor duplicated. A request not answered within
+    ``timeout`` seconds fails with :class:`InferenceServerLostError`.
+
     Args:
-        address: The inference server's worker.
-        server: The server's name on that worker.
+        group: The Dask ``Variable`` that holds the servers' current routes.
+        slot: Which of the routes serves this client (modulo their number).
+        routes: The servers' ``(address, name)`` when the collector was built.
         timeout: Bound, in seconds, on connecting and on each answer.
         inputs: The keys a request carries: the policy's in_keys (and
             TorchRL's interaction-type stamp).
@@ -188,114 +220,226 @@ class DaskInferenceClient:
             policy version, where the server writes it).
     """
 
-    def __init__(self, address: str, server: str, timeout: float, inputs: list, outputs: list):
-        self.address, self.server, self.timeout = address, server, timeout
+    _STATE = ("group", "slot", "routes", "timeout", "inputs", "outputs")
+
+    def __init__(self, group: str, slot: int, routes: list, timeout: float, inputs: list, outputs: list):
+        self.group, self.slot, self.timeout = group, slot, timeout
+        self.routes = [tuple(route) for route in routes]
         self.inputs, self.outputs = list(inputs), list(outputs)
+        self._worker: Any = None
         self._channel: _Channel | None = None
-        self._lock = threading.Lock()
+        self._connecting: asyncio.Future | None = None
+        self._waiting: deque[_Request] = deque()
+        self._dead: set[tuple] = set()
+        self._cause = ""
 
     def __getstate__(self) -> dict:
-        return {key: getattr(self, key) for key in ("address", "server", "timeout", "inputs", "outputs")}
+        return {key: getattr(self, key) for key in self._STATE}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state)
 
     def submit(self, td: TensorDictBase) -> Future:
         """Sends one request; the future resolves to the server's answer."""
-        with self._lock:
-            if self._channel is None or self._channel.closed:
-                self._channel = _Channel(get_worker(), self)
-        return self._channel.submit(td)
+        request = _Request(td, pack(td, self.inputs))
+        if self._worker is None:
+            self._worker = get_worker()
+        self._worker.loop.add_callback(self._dispatch, request)
+        return request.future
 
     def __call__(self, td: TensorDictBase) -> TensorDictBase:
-        return self.submit(td).result(timeout=self.timeout)
+        return self.submit(td).result(timeout=self.timeout + 1)
 
     def close(self) -> None:
+        if self._worker is not None:
+            self._worker.loop.add_callback(self._close)
+
+    # Everything below runs on the worker's event loop.
+
+    def _dispatch(self, request: _Request) -> None:
+        request.timer = asyncio.get_running_loop().call_later(self.timeout, self._expire, request)
+        self._waiting.append(request)
+        self._flush()
+
+    def _flush(self) -> None:
+        while self._waiting:
+            channel = self._channel
+            if channel is None:
+                if self._connecting is None:
+                    self._connecting = asyncio.ensure_future(self._connect())
+                return
+            request = self._waiting.popleft()
+            if not request.future.done():
+                channel.send(request)  # on failure, the channel gives it back (_lost)
+
+    async def _connect(self) -> None:
+        try:
+            while self._live():
+                route = await self._route()
+                if route is None:
+                    return
+                try:
+                    self._channel = await _Channel.open(self, route, self._worker.connection_args)
+                    break
+                except (OSError, asyncio.TimeoutError) as exc:
+                    self._lose(route, f"no channel to it ({exc})")
+        finally:
+            self._connecting = None
+        self._flush()
+
+    async def _route(self) -> tuple | None:
+        """This client's server, once one is not known lost; ``None`` when no request waits for it."""
+        while self._live():
+            route = self.routes[self.slot % len(self.routes)]
+            if route not in self._dead:
+                return route
+            try:
+                current = await _internals.read_variable(self._worker, self.group, timeout=ROUTE_POLL)
+            except OSError:  # the scheduler is out of reach: try again while requests wait
+                current = None
+            if current is not None and current["failed"]:
+                self._fail_waiting(current["failed"])
+                return None
+            if current is not None:
+                self.routes = [tuple(r) for r in current["routes"]]
+            if self.routes[self.slot % len(self.routes)] in self._dead:
+                await asyncio.sleep(ROUTE_POLL)
+        return None
+
+    def _live(self) -> bool:
+        return any(not request.future.done() for request in self._waiting)
+
+    def _lose(self, route: tuple, cause: str) -> None:
+        self._dead.add(route)
+        self._cause = f"the inference server {route[1]} on {route[0]} is lost: {cause}"
+        # A server closed with its collection ends idle channels: only a loss with requests is news.
+        log = logger.warning if self._live() else logger.debug
+        log("%s; requests wait for its replacement", self._cause)
+
+    def _lost(self, channel: _Channel, cause: str) -> None:
+        """``channel`` closed: its requests in flight wait, first, for the server's replacement."""
+        if self._channel is channel:
+            self._channel = None
+        self._waiting.extendleft(reversed(channel.take()))
+        self._lose(channel.route, cause)
+        self._flush()
+
+    def _fail_waiting(self, cause: str) -> None:
+        while self._waiting:
+            request = self._waiting.popleft()
+            if not request.future.done():
+                request.future.set_exception(InferenceServerLostError(f"{cause[:1].upper()}{cause[1:]}."))
+
+    def _expire(self, request: _Request) -> None:
+        if not request.future.done():
+            cause = self._cause or "it did not answer"
+            request.future.set_exception(
+                InferenceServerLostError(f"No answer within {self.timeout:g}s: {cause}.")
+            )
+        if self._channel is not None:
+            self._channel.forget(request)
+
+    def _close(self) -> None:
+        if self._connecting is not None:
+            self._connecting.cancel()
         if self._channel is not None:
             self._channel.close()
+            self._channel = None
+
+
+#: Seconds between a client's looks at the servers' routes while its server is lost.
+ROUTE_POLL = 0.25
+
+
+class _Request:
+    """One request: the TensorDict the answer is written into, its packed inputs and its future."""
+
+    __slots__ = ("td", "packed", "future", "sent", "timer", "id")
+
+    def __init__(self, td: TensorDictBase, packed: list[Packed]):
+        self.td, self.packed, self.future = td, packed, Future()
+        self.sent, self.timer, self.id = 0.0, None, -1
+
+    def resolve(self, answer: dict, outputs: list, address: str) -> float | None:
+        """Resolves the future with ``answer``; returns the seconds since it was sent, or ``None`` if it
+        was resolved before (expired)."""
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.future.done():
+            return None
+        if answer["ok"]:
+            # As a local TensorDictModule does: the outputs are written into the request.
+            self.future.set_result(self.td.update(unpack(answer["t"], outputs)))
+        else:
+            self.future.set_exception(RuntimeError(f"inference on {address} failed: {answer['error']}"))
+        return time.perf_counter() - self.sent
 
 
 class _Channel:
     """One comm from a collector's worker to an inference server, with its requests in flight."""
 
-    def __init__(self, worker: Any, client: DaskInferenceClient):
-        self.loop = worker.loop
-        self.closed = False
-        self.inputs, self.outputs = client.inputs, client.outputs
-        self._pending: dict[int, tuple[Future, TensorDictBase, float]] = {}
+    def __init__(self, client: DaskInferenceClient, route: tuple, comm: Any):
+        self.client, self.route, self.closed = client, route, False
+        self._pending: dict[int, _Request] = {}
         self._ids = itertools.count()
-        self.latencies = LATENCIES.setdefault(client.server, deque(maxlen=4096))
-        self._out: Sender | None = None
-        args, timeout = worker.connection_args, client.timeout
-        _internals.sync(self.loop, self._open, client, args, callback_timeout=timeout + 5)
+        self._out = Sender(comm)
+        self.latencies = LATENCIES.setdefault(route[1], deque(maxlen=4096))
+        self.last: float | None = None  # the latest answer's latency, reported to the server with the next
+        self._reader = asyncio.ensure_future(self._read(comm))
 
-    async def _open(self, client: DaskInferenceClient, args: dict) -> None:
-        address = client.address
+    @classmethod
+    async def open(cls, client: DaskInferenceClient, route: tuple, args: dict) -> _Channel:
+        address, server = route
         hello = {
             "op": OPEN,
-            "server": client.server,
-            "inputs": self.inputs,
-            "outputs": self.outputs,
+            "server": server,
+            "inputs": client.inputs,
+            "outputs": client.outputs,
             "reply": False,
         }
-        try:
-            comm = await connect(address, timeout=client.timeout, name="daskcollect-infer", **args)
-            await comm.write(hello)
-        except (OSError, asyncio.TimeoutError) as exc:
-            self.closed = True
-            raise InferenceServerLostError(
-                f"No channel to the inference server on {address} ({exc}).", address=address
-            ) from None
-        self._out = Sender(comm)
-        self._reader = asyncio.ensure_future(self._read(comm, address))
+        comm = await connect(address, timeout=client.timeout, name="daskcollect-infer", **args)
+        await comm.write(hello)
+        return cls(client, route, comm)
 
-    def submit(self, td: TensorDictBase) -> Future:
-        future: Future = Future()
-        if self.closed:
-            future.set_exception(InferenceServerLostError("The inference server's channel is closed."))
-            return future
-        request = next(self._ids)
-        message = {"id": request, "t": pack(td, self.inputs)}
-        self._pending[request] = (future, td, time.perf_counter())
-        self.loop.add_callback(self._send, message)
-        return future
-
-    def _send(self, message: dict) -> None:
+    def send(self, request: _Request) -> None:
+        request.id, request.sent = next(self._ids), time.perf_counter()
+        self._pending[request.id] = request
         try:
-            self._out.send(message)
+            self._out.send({"id": request.id, "t": request.packed, "l": self.last})
         except OSError as exc:
-            self._fail(f"its channel closed ({exc})")
+            self._end(f"its channel closed ({exc})")
 
-    async def _read(self, comm: Any, address: str) -> None:
-        cause = "its channel closed"
+    def take(self) -> list[_Request]:
+        """The requests in flight, in the order they were sent, no longer this channel's."""
+        pending, self._pending = self._pending, {}
+        return [request for _, request in sorted(pending.items()) if not request.future.done()]
+
+    def forget(self, request: _Request) -> None:
+        self._pending.pop(request.id, None)
+
+    async def _read(self, comm: Any) -> None:
+        cause, outputs, address = "its channel closed", self.client.outputs, self.route[0]
         try:
             while True:
                 for answer in await comm.read():
-                    future, td, sent = self._pending.pop(answer["id"], (None, None, 0.0))
-                    if future is None:
-                        continue
-                    self.latencies.append(time.perf_counter() - sent)
-                    if answer["ok"]:
-                        # As a local TensorDictModule does: the outputs are written into the request.
-                        future.set_result(td.update(unpack(answer["t"], self.outputs)))
-                    else:
-                        future.set_exception(
-                            RuntimeError(f"inference on {address} failed: {answer['error']}")
-                        )
+                    request = self._pending.pop(answer["id"], None)
+                    took = None if request is None else request.resolve(answer, outputs, address)
+                    if took is not None:
+                        self.latencies.append(took)
+                        self.last = took
         except OSError as exc:
             cause = f"its channel closed ({exc})"
         except asyncio.CancelledError:
             return
-        self._fail(f"the inference server on {address} is lost: {cause}")
+        self._end(cause)
 
-    def _fail(self, cause: str) -> None:
-        self.closed = True
-        pending, self._pending = self._pending, {}
-        for future, _, _ in pending.values():
-            if not future.done():
-                future.set_exception(InferenceServerLostError(cause))
+    def _end(self, cause: str) -> None:
+        if not self.closed:
+            self.closed = True
+            self._out.abort()
+            self.client._lost(self, cause)
 
     def close(self) -> None:
         self.closed = True
-        if self._out is not None:
-            self.loop.add_callback(self._out.abort)
+        self._reader.cancel()
+        self._out.abort()
