@@ -5,12 +5,15 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
+import uuid
 
 import dask
 import psutil
+import pytest
 from distributed import Client
 
 import daskcollect  # noqa: F401  (registers the daskcollect config defaults read below)
@@ -109,3 +112,40 @@ def noise(stderr: str) -> list[str]:
         ):
             out.append(line)
     return out
+
+
+CHROMIUM = shutil.which("chromium")
+# Flags for a closed network (see .ci/run): no background connections, no sandbox as root.
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-dev-shm-usage"]  # fmt: skip
+
+
+def chromium(tmp_path, *args: str, attempts: int = 3) -> str:
+    """Runs headless Chromium (fresh profile per attempt) until it prints a page; returns stdout.
+
+    A loaded 2-core machine can make Chromium give up before the page loads; each
+    attempt is bounded, and a failure shows what Chromium said.
+    """
+    runs = []
+    for attempt in range(attempts):
+        profile = tmp_path / f"chromium-profile-{uuid.uuid4().hex[:8]}"
+        run = subprocess.run(
+            [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+        runs.append(run)
+        if run.returncode == 0 and ("--dump-dom" not in args or "</html>" in run.stdout):
+            return run.stdout
+        time.sleep(1 + attempt)
+    tails = "\n---\n".join(
+        f"rc={r.returncode} stdout ({len(r.stdout)} chars): {r.stdout[:300]!r} stderr: {r.stderr[-1500:]}"
+        for r in runs
+    )
+    pytest.fail(f"chromium {' '.join(args)} gave no page in {attempts} attempts:\n{tails}")
+
+
+def dashboard_base(cluster) -> str:
+    return cluster.dashboard_link.rsplit("/", 1)[0]
