@@ -169,10 +169,13 @@ class DaskCollector(BaseCollector):
             ``{"GPU": 1}``); the collectors run envs only and ask a server
             for each step's action (docs/central_inference.md). ``None``:
             each collector runs its own copy of the policy.
-        inference_workers: Inference servers, one per worker.
+        inference_workers: Inference servers, one per worker; a lost one is
+            started again on another eligible worker.
         inference_resources: Resources a worker must declare to host one.
-        inference_options: ``max_batch_size`` (default 64) and ``device``
-            (where the servers run the policy, e.g. ``"cuda"``).
+        inference_options: ``max_batch_size`` (default 64), ``device``
+            (where the servers run the policy, e.g. ``"cuda"``),
+            ``torch_threads`` (default: the worker's ``nthreads``) and
+            ``max_in_flight`` (requests a collector leaves unanswered, 1).
         resume_from: A checkpoint (:meth:`state_dict`) to continue, as
             :meth:`load_state_dict` does. Where its driver died within
             ``daskcollect.reattach.grace-period``, on the same cluster, its
