@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint docs compat bench bench-smoke clean
+.PHONY: bench-gpu install demo test test-fast lint docs compat bench bench-smoke clean
 
 $(STAMP): pyproject.toml requirements/dev.txt
 	python3 -m venv $(VENV)
@@ -59,7 +59,7 @@ bench: install
 	$(PY) benchmarks/lag.py --batches 300
 	$(PY) benchmarks/replay_buffer.py --frames 4000 --pairs 3
 	$(PY) benchmarks/reattach.py --build-seconds 3 --pairs 3
-	$(PY) benchmarks/central_inference.py --sizes 256 1024 2048 --pairs 3 --png docs/img/central_inference.png
+	$(PY) benchmarks/central_inference.py --sizes 256 1024 2048 4096 --pairs 3 --total-frames 4000 --png docs/img/central_inference.png
 	$(PY) benchmarks/cold_start.py --repeats 3
 	$(PY) benchmarks/driver_cost.py --collectors 8 16 32 --pairs 3
 	$(PY) benchmarks/driver_cost.py --collectors 16 --pairs 3 --external
@@ -72,6 +72,10 @@ bench: install
 
 # Every benchmark with tiny budgets, into a scratch folder: they keep working (CI runs this).
 SMOKE := $(shell mktemp -d -u /tmp/daskcollect-bench-XXXXXX)
+# The GPU check of central inference, on a machine with a GPU: the servers run the policy on it.
+bench-gpu: install
+	$(PY) benchmarks/central_inference.py --sizes 1024 4096 --pairs 2 --total-frames 4000 --device cuda --out benchmarks/results/central_inference_gpu.json
+
 bench-smoke: install
 	mkdir -p $(SMOKE)
 	$(PY) benchmarks/throughput.py --total-frames 2000 --frames-per-batch 500 --pairs 1 --out $(SMOKE)/p1.json
