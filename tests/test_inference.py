@@ -87,6 +87,14 @@ def test_bad_inference_keywords_are_refused_before_any_cluster_starts(kwargs, ma
         DaskCollector(make_stateless_pendulum, policy, total_frames=400, **COMMON, **kwargs)
 
 
+def test_central_inference_with_a_reattach_grace_period_is_refused_before_any_cluster_starts():
+    with dask.config.set({"daskcollect.reattach.grace-period": "30s"}):
+        with pytest.raises(ConfigurationError, match="inference='server' cannot be re-attached"):
+            DaskCollector(
+                make_stateless_pendulum, pendulum_policy(), total_frames=400, inference="server", **COMMON
+            )
+
+
 def kill_server(client, stats):
     """SIGKILLs the worker process of the one server in ``stats``; returns its address."""
     (server,) = stats
