@@ -268,13 +268,6 @@ class DaskCollector(BaseCollector):
         self.spec = CollectionSpec.from_keywords(self.settings, keywords)
         self.logger = check_logger(logger)
         _internals.check_version()
-        if self.spec.inference is not None and self.settings.reattach_grace:
-            raise ConfigurationError(
-                "daskcollect.reattach.grace-period is set, but inference='server' cannot be re-attached: its "
-                "servers end with the driver that started them. Leave the grace period unset (null) for this "
-                "collection (dask.config.set({'daskcollect.reattach.grace-period': None})), or resume it "
-                "from a checkpoint (resume_from=)."
-            )
         if resume_from is not None:
             checkpoint.check(resume_from, frames_per_batch=frames_per_batch, sync=self.spec.batch.sync)
         elif restore_envs:

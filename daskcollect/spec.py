@@ -216,6 +216,13 @@ class CollectionSpec:
             bool(kw["use_env_creator"]),
         )  # fmt: skip
         inference = inference_options(kw, inputs.collector_class)
+        if inference is not None and settings.reattach_grace:
+            raise ConfigurationError(
+                "daskcollect.reattach.grace-period is set, but inference='server' cannot be re-attached: its "
+                "servers end with the driver that started them. Leave the grace period unset (null) for this "
+                "collection (dask.config.set({'daskcollect.reattach.grace-period': None})), or resume it "
+                "from a checkpoint (resume_from=)."
+            )
         spec = cls(
             batch, weights, cluster, output, faults, num_collectors, follow, kw["seed"], inputs, inference
         )
