@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -258,21 +257,21 @@ class InferenceServers:
         live = set(eligible_workers(self.client, self.options.resources, timeouts.connect))
         for slot, served in enumerate(list(self.servers)):
             if served.address not in live or served.future.status in ("error", "lost", "cancelled"):
-                self._replace(slot, served, live)
+                self._replace(slot, served)
 
-    def _replace(self, slot: int, lost: Served, live: set[str]) -> None:
+    def _replace(self, slot: int, lost: Served) -> None:
         """Starts server ``slot`` again elsewhere and publishes its route; or publishes the failure."""
         logger.warning("Inference server %s on %s is lost; starting it again", lost.name, lost.address)
         timeouts = self.settings.timeouts
-        deadline = time.monotonic() + timeouts.workers
         self.reserved.discard(lost.address)
-        while True:
-            free = sorted(live - self.reserved - {lost.address})
-            spare = [address for address in free if address not in self.hosting()]
-            if free or time.monotonic() > deadline or self._closed.is_set():
-                break
-            self._closed.wait(0.2)
-            live = set(eligible_workers(self.client, self.options.resources, timeouts.connect))
+        free: list[str] = []
+
+        def found() -> bool:
+            live = eligible_workers(self.client, self.options.resources, timeouts.connect)
+            free[:] = sorted(set(live) - self.reserved - {lost.address})
+            return bool(free) or self._closed.is_set()
+
+        poll_until(found, timeouts.workers, interval=0.2)
         if not free:
             self.failure = (
                 f"the inference server {lost.name} on {lost.address} is lost and no worker with resources "
@@ -281,7 +280,8 @@ class InferenceServers:
             logger.error("%s", self.failure)
             self._publish()
             return
-        address = (spare or free)[0]
+        hosting = self.hosting()
+        address = next((address for address in free if address not in hosting), free[0])
         with self._lock:
             self.reserved.add(address)
             self.replaced[slot] += 1
