@@ -7,6 +7,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .PHONY: bench-gpu install demo test test-fast lint docs compat bench bench-smoke clean
+# Two pytest-xdist workers: the suite waits on clusters, scripts and sub-processes as much as it computes.
+# A file's tests run in one worker, in order: a page's `skip` comment then applies to its next block, and
+# the simulated hosts of tests/test_netns.py (one bridge) are built one rig at a time.
+PARALLEL ?= -n 2 --dist loadfile
+RAY_STAMP := $(VENV)/.installed-ray
 
 $(STAMP): pyproject.toml requirements/dev.txt
 	python3 -m venv $(VENV)
@@ -15,6 +20,11 @@ $(STAMP): pyproject.toml requirements/dev.txt
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Ray only for the benchmarks that run TorchRL's RayCollector (P5): see pyproject.toml's "ray" extra.
+$(RAY_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e .[ray]
+	touch $(RAY_STAMP)
 
 demo: install
 	$(VENV)/bin/daskcollect run --env CartPole-v1 --collectors 2 --frames 20000
@@ -26,11 +36,13 @@ lint: install
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -d site
 
-test: lint docs
-	$(PY) -m pytest
+# The docs build runs beside the tests (it takes seconds; its failure fails the target all the same).
+test: lint
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet -d site & docs=$$!; \
+	$(PY) -m pytest $(PARALLEL); tests=$$?; wait $$docs || exit 1; exit $$tests
 
 test-fast: lint
-	$(PY) -m pytest tests -m "not slow"
+	$(PY) -m pytest tests -m "not slow" $(PARALLEL)
 
 # The newest releases of dask, distributed, torchrl and tensordict, past pyproject.toml's upper bounds, in a
 # scratch venv, and the fast suite against them (docs/deployment.md#versions). pip warns about the bounds
@@ -48,7 +60,7 @@ compat:
 
 # The benchmarks (docs/benchmarks.md): about 20 min on 2 cores (measured 2026-12-02), plus about 25 for P7 (2026-12-03)
 # and about 40 for the envelope, P8, P10 and the cross-host runs (2026-12-04); do not run anything else meanwhile.
-bench: install
+bench: $(RAY_STAMP)
 	$(PY) benchmarks/throughput.py --env CartPole-v1 --workers 2 --pairs 7
 	$(PY) benchmarks/throughput.py --env Pendulum-v1 --workers 2 --pairs 7
 	$(PY) benchmarks/throughput.py --env CartPole-v1 --workers 2 --pairs 3 --against ray
@@ -68,15 +80,16 @@ bench: install
 	$(PY) benchmarks/probes_overhead.py --pairs 7
 	$(PY) benchmarks/cross_host.py --pairs 3
 	$(PY) benchmarks/cross_host.py --parts weights --rate 100mbit --sizes-mb 10 --out benchmarks/results/cross_host_100mbit.json
+	$(PY) benchmarks/scheduler_cost.py --workers 4 32 --seconds 20
 	$(PY) benchmarks/report.py
 
 # Every benchmark with tiny budgets, into a scratch folder: they keep working (CI runs this).
 SMOKE := $(shell mktemp -d -u /tmp/daskcollect-bench-XXXXXX)
 # The GPU check of central inference, on a machine with a GPU: the servers run the policy on it.
-bench-gpu: install
+bench-gpu: $(RAY_STAMP)
 	$(PY) benchmarks/central_inference.py --sizes 1024 4096 --pairs 2 --total-frames 4000 --device cuda --out benchmarks/results/central_inference_gpu.json
 
-bench-smoke: install
+bench-smoke: $(RAY_STAMP)
 	mkdir -p $(SMOKE)
 	$(PY) benchmarks/throughput.py --total-frames 2000 --frames-per-batch 500 --pairs 1 --out $(SMOKE)/p1.json
 	$(PY) benchmarks/throughput.py --total-frames 2000 --frames-per-batch 500 --pairs 1 --against ray --out $(SMOKE)/p5.json
@@ -94,6 +107,7 @@ bench-smoke: install
 	$(PY) benchmarks/cross_host.py --hosts 2 --workers-per-host 1 --pairs 1 --seconds 1 --sizes-mb 1 --repeats 1 --warmup 0 --out $(SMOKE)/cross_host.json
 	$(PY) benchmarks/reattach.py --build-seconds 0.5 --pairs 1 --out $(SMOKE)/reattach.json
 	$(PY) benchmarks/central_inference.py --sizes 64 --collectors 2 --pairs 1 --total-frames 800 --out $(SMOKE)/central.json --png $(SMOKE)/central.png
+	$(PY) benchmarks/scheduler_cost.py --workers 2 --seconds 1 --out $(SMOKE)/scheduler_cost.json
 	cp docs/benchmarks.md $(SMOKE)/benchmarks.md
 	$(PY) benchmarks/report.py --doc $(SMOKE)/benchmarks.md --png $(SMOKE)/benchmarks.png --scale-png $(SMOKE)/scale.png --cross-host-png $(SMOKE)/cross_host.png
 	rm -rf $(SMOKE)

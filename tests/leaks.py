@@ -54,12 +54,29 @@ def threads() -> set[str]:
     }
 
 
+def creator(name: str) -> int | None:
+    """The pid in a daskcollect shared-memory name (``daskcollect-<pid>-<token>``), or ``None``."""
+    pid = name[len(PREFIX) + 1 :].split("-", 1)[0]
+    return int(pid) if pid.isdigit() else None
+
+
+def ours(name: str, own: set[int]) -> bool:
+    """Whether this session made the shared-memory file ``name``: its creator is this process or one of
+    its descendants, or is gone (a process of ours that died before it could be seen). Another suite's
+    live processes' files on the same machine are not this session's."""
+    pid = creator(name)
+    return pid is None or pid in own or not psutil.pid_exists(pid)
+
+
 def machine() -> Footprint:
-    """Processes, daskcollect's shared-memory files, and the threads of :func:`threads`, now."""
+    """Processes, the shared-memory files this session's processes made, and the threads of
+    :func:`threads`, now."""
     shm = os.listdir(SHARED_MEMORY) if os.path.isdir(SHARED_MEMORY) else []
+    processes = set(descendants())
+    own = processes | {os.getpid()}
     return {
-        "processes": set(descendants()),
-        "shared-memory files": {f for f in shm if f.startswith(PREFIX)},
+        "processes": processes,
+        "shared-memory files": {f for f in shm if f.startswith(PREFIX) and ours(f, own)},
         "threads": threads(),
     }
 

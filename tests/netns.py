@@ -43,8 +43,9 @@ def unavailable() -> str | None:
     if shutil.which("ip") is None:
         return "needs iproute2's `ip`"
     try:
-        _sh("ip", "netns", "add", "dc-probe")
-        _sh("ip", "netns", "del", "dc-probe")
+        probe = f"dc-probe-{os.getpid()}"  # another suite on this machine may probe at the same time
+        _sh("ip", "netns", "add", probe)
+        _sh("ip", "netns", "del", probe)
     except (subprocess.CalledProcessError, OSError) as exc:
         return f"cannot create network namespaces here: {exc}"
     return None
@@ -52,7 +53,7 @@ def unavailable() -> str | None:
 
 def has_netem() -> bool:
     """Whether the kernel has ``sch_netem`` (latency); without it only the rate can be capped."""
-    with SimulatedHosts(["probe"], subnet="10.214.0", bridge="dcprobe0") as hosts:
+    with SimulatedHosts(["probe"], subnet="10.214.0", bridge=f"dcp{os.getpid()}"[:15]) as hosts:
         try:
             hosts.run(
                 "probe", "tc", "qdisc", "add", "dev", hosts.inner["probe"], "root", "netem", "delay", "1ms"
@@ -68,7 +69,8 @@ class SimulatedHosts:
     Args:
         names: The hosts; each gets ``<subnet>.<10 + i>``.
         subnet: The first three octets of the hosts' /24 (the bridge takes ``.1``).
-        bridge: The bridge's name (one rig per name at a time).
+        bridge: The bridge's name (one rig per name at a time); default: one named after this process,
+            so that suites running side by side on one machine do not share it.
 
     Attributes:
         addresses: Host name to IP address.
@@ -76,9 +78,9 @@ class SimulatedHosts:
         inner: Host name to its veth inside its namespace.
     """
 
-    def __init__(self, names: Sequence[str], subnet: str = "10.213.0", bridge: str = "dcbr0"):
-        self.names, self.subnet, self.bridge = list(names), subnet, bridge
+    def __init__(self, names: Sequence[str], subnet: str = "10.213.0", bridge: str | None = None):
         tag = str(os.getpid() % 10000)
+        self.names, self.subnet, self.bridge = list(names), subnet, bridge or f"dcbr{tag}"
         self.namespaces = {h: f"dc-{h}-{tag}" for h in self.names}
         self.addresses = {h: f"{subnet}.{10 + i}" for i, h in enumerate(self.names)}
         self.links = {h: f"dch{i}{tag}"[:15] for i, h in enumerate(self.names)}

@@ -1,7 +1,7 @@
 """Cross-host runs: the scheduler and the workers in their own Linux network namespaces.
 
 The hosts are linked by veth pairs to a bridge in the test's namespace, with their own addresses in
-10.213.0.0/24; the driver (this process) connects over real TCP. Mid-run, one worker's link is cut
+10.213.N.0/24 (N from the pid); the driver (this process) connects over real TCP. Mid-run, one worker's link is cut
 (`ip link set ... down`): the collector drops that worker and completes. Weights updates reach every
 worker of every host through the Dask route (copied host to host, then within each host). Traffic
 goes only to the addresses of these test hosts. Every process and namespace the tests make is
@@ -10,6 +10,7 @@ removed, even on failure.
 
 from __future__ import annotations
 
+import os
 import time
 
 import dask
@@ -25,7 +26,8 @@ from netns import FAST_FAILURE_ENV, SimulatedHosts, unavailable
 
 from daskcollect import DaskCollector
 
-SUBNET = "10.213.0"
+#: A /24 of this process's own: suites running side by side on one machine do not share addresses.
+SUBNET = f"10.213.{os.getpid() % 250}"
 HOSTS = ["sched", "w1", "w2", "w3"]
 
 
@@ -62,7 +64,6 @@ def test_cut_link_mid_run(hosts):
         "daskcollect.weights.shared-memory": False,
         "daskcollect.timeouts.rollout": "8s",
         "daskcollect.timeouts.shutdown": "10s",
-        "daskcollect.liveness-interval": "0.5s",
         "daskcollect.restart-delay": "0.2s",
     }
     with dask.config.set(timeouts):
@@ -92,7 +93,7 @@ def test_cut_link_mid_run(hosts):
 
 def test_weights_reach_every_worker_of_every_host(hosts_of_two):
     """Also: on the other hosts, the env's constructor and steps and the policy's forward run in their
-    worker's context (``get_worker()``), as on the driver's host (``test_stream.py``)."""
+    worker's context (``get_worker()``), as on the driver's host (``test_streams.py``)."""
     sched, rig = hosts_of_two
     policy = worker_context_policy(0)
     # The hosts share this machine's /dev/shm; with it off the weights take the route to other hosts.
