@@ -1,0 +1,225 @@
+"""The fence, scheduler side: Dask's ``Scheduler`` internals that daskcollect's scheduler plugins use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from daskcollect._internals.versions import missing
+
+
+# --- scheduler side ---------------------------------------------------------
+def retire_handler(scheduler: Any) -> Callable:
+    """The scheduler's ``retire_workers`` RPC handler."""
+    try:
+        return scheduler.handlers["retire_workers"]
+    except (AttributeError, KeyError) as exc:
+        raise missing("Scheduler.handlers['retire_workers']", exc) from None
+
+
+def set_retire_handler(scheduler: Any, handler: Callable) -> None:
+    """Replaces the scheduler's ``retire_workers`` RPC handler."""
+    retire_handler(scheduler)  # checks that it exists
+    scheduler.handlers["retire_workers"] = handler
+
+
+#: How ``Worker.close_gracefully`` (a worker's ``--lifetime``) starts the ``stimulus_id``
+#: of the retirement it asks the scheduler for.
+SELF_RETIREMENT = "worker-close-gracefully"
+
+
+def is_self_retirement(kwargs: dict[str, Any]) -> bool:
+    """Whether a ``retire_workers`` call is a worker retiring itself.
+
+    Should Dask rename the stimulus, this answers ``False`` and the retirement
+    is Dask's own: nothing breaks, so nothing is checked.
+    """
+    return str(kwargs.get("stimulus_id") or "").startswith(SELF_RETIREMENT)
+
+
+def actor_keys(scheduler: Any, address: str) -> list[str]:
+    """The keys of the actors that the worker at ``address`` holds (``[]`` if it is gone)."""
+    ws = scheduler.workers.get(address)
+    if ws is None:
+        return []
+    try:
+        return [str(ts.key) for ts in ws.actors]
+    except AttributeError as exc:
+        raise missing("WorkerState.actors", exc) from None
+
+
+def scheduler_plugin(scheduler: Any, name: str) -> Any | None:
+    """The scheduler plugin registered as ``name``, or ``None``."""
+    try:
+        return scheduler.plugins.get(name)
+    except AttributeError as exc:
+        raise missing("Scheduler.plugins", exc) from None
+
+
+def scheduler_plugin_names(scheduler: Any) -> list[str]:
+    """The names of the scheduler's plugins."""
+    try:
+        return sorted(map(str, scheduler.plugins))
+    except AttributeError as exc:
+        raise missing("Scheduler.plugins", exc) from None
+
+
+async def add_scheduler_plugin(scheduler: Any, plugin: Any, name: str) -> None:
+    """Registers ``plugin`` as ``name`` from inside the scheduler, as ``Client.register_plugin`` does."""
+    try:
+        register = scheduler.register_scheduler_plugin
+    except AttributeError as exc:
+        raise missing("Scheduler.register_scheduler_plugin", exc) from None
+    await register(plugin, name=name, idempotent=False)
+
+
+def remove_scheduler_plugin(scheduler: Any, name: str) -> None:
+    """Removes the scheduler plugin ``name`` from inside the scheduler (its ``close`` is the caller's)."""
+    try:
+        remove = scheduler.remove_plugin
+    except AttributeError as exc:
+        raise missing("Scheduler.remove_plugin", exc) from None
+    remove(name=name)
+
+
+def registered_worker_plugins(scheduler: Any) -> list[str]:
+    """The names of the worker plugins the scheduler holds (and gives workers that join)."""
+    try:
+        return sorted(map(str, scheduler.worker_plugins))
+    except AttributeError as exc:
+        raise missing("Scheduler.worker_plugins", exc) from None
+
+
+async def unregister_worker_plugin(scheduler: Any, name: str) -> None:
+    """Removes the worker plugin ``name`` from inside the scheduler, as ``Client.unregister_worker_plugin``
+    does through the scheduler's handler: every worker runs its teardown."""
+    try:
+        handler = scheduler.handlers["unregister_worker_plugin"]
+    except (AttributeError, KeyError) as exc:
+        raise missing("Scheduler.handlers['unregister_worker_plugin']", exc) from None
+    await handler(comm=None, name=name)
+
+
+def connected_clients(scheduler: Any) -> set[str]:
+    """The ids of the clients connected to the scheduler now."""
+    try:
+        return set(map(str, scheduler.clients))
+    except AttributeError as exc:
+        raise missing("Scheduler.clients", exc) from None
+
+
+def handler_names(server: Any) -> list[str]:
+    """The RPC handlers a scheduler or worker answers."""
+    try:
+        return sorted(map(str, server.handlers))
+    except AttributeError as exc:
+        raise missing(f"{type(server).__name__}.handlers", exc) from None
+
+
+def task_keys(scheduler: Any) -> list[str]:
+    """The keys of every task the scheduler knows."""
+    try:
+        return sorted(map(str, scheduler.tasks))
+    except AttributeError as exc:
+        raise missing("Scheduler.tasks", exc) from None
+
+
+def add_http_routes(scheduler: Any, routes: list[tuple]) -> Callable[[], None] | None:
+    """Serves Tornado ``routes`` on the scheduler's dashboard server; the function that removes them, or
+    ``None`` where the scheduler serves no dashboard."""
+    app = getattr(scheduler, "http_application", None)
+    if app is None:
+        return None
+    try:
+        routers = [app.default_router, app.wildcard_router]
+        before = [list(router.rules) for router in routers]
+        app.add_handlers(r".*$", routes)
+        added = [
+            (router.rules, r)
+            for router, rules in zip(routers, before)
+            for r in router.rules
+            if r not in rules
+        ]
+    except AttributeError as exc:
+        raise missing("Scheduler.http_application's routers", exc) from None
+
+    def remove() -> None:
+        for rules, rule in added:
+            if rule in rules:
+                rules.remove(rule)
+
+    return remove
+
+
+def route_counts(scheduler: Any) -> list[int]:
+    """How many routes the scheduler's dashboard server has (its default and wildcard routers)."""
+    app = getattr(scheduler, "http_application", None)
+    if app is None:
+        return []
+    try:
+        return [len(app.default_router.rules), len(app.wildcard_router.rules)]
+    except AttributeError as exc:
+        raise missing("Scheduler.http_application's routers", exc) from None
+
+
+#: The topic on which Dask's scheduler logs each worker it adds or removes (with other cluster events).
+WORKER_EVENTS_TOPIC = "all"
+
+
+def worker_change(msg: Any) -> tuple[str, str] | None:
+    """``("added" | "removed", address)`` for one of the scheduler's :data:`WORKER_EVENTS_TOPIC` events
+    about a worker, ``None`` for the others. Should Dask rename them, no change is seen: the rollout
+    timeouts and the streams' closing still find lost collectors, so nothing is checked here."""
+    if not isinstance(msg, dict):
+        return None
+    action, address = msg.get("action"), msg.get("worker")
+    if not isinstance(address, str):
+        return None
+    return {"add-worker": ("added", address), "remove-worker": ("removed", address)}.get(action)
+
+
+def worker_addresses_by_name(scheduler: Any) -> dict[str, str]:
+    """Each worker's address and its name, as the scheduler knows them."""
+    try:
+        return {address: str(ws.name) for address, ws in scheduler.workers.items()}
+    except AttributeError as exc:
+        raise missing("Scheduler.workers / WorkerState.name", exc) from None
+
+
+def subscribed_topics(scheduler: Any) -> list[str]:
+    """The event topics that some client subscribes to on ``scheduler``."""
+    try:
+        topics = scheduler._broker._topics
+    except AttributeError as exc:
+        raise missing("Scheduler._broker._topics", exc) from None
+    return sorted(str(name) for name, topic in topics.items() if topic.subscribers)
+
+
+def published_datasets(scheduler: Any) -> list[str]:
+    """The names of the datasets published on ``scheduler`` (``Client.list_datasets``, from inside)."""
+    try:
+        return sorted(map(str, scheduler.extensions["publish"].datasets))
+    except (AttributeError, KeyError) as exc:
+        raise missing("Scheduler.extensions['publish'].datasets", exc) from None
+
+
+def drop_dataset(scheduler: Any, name: str) -> bool:
+    """Unpublishes dataset ``name`` from inside the scheduler, as ``Client.unpublish_dataset`` does;
+    ``False`` if there is none."""
+    try:
+        extension = scheduler.extensions["publish"]
+        dataset = extension.datasets.pop(name, None)
+        if dataset is not None:
+            scheduler.client_releases_keys(dataset["keys"], f"published-{name}")
+    except (AttributeError, KeyError, TypeError) as exc:
+        raise missing("PublishExtension.datasets / Scheduler.client_releases_keys", exc) from None
+    return dataset is not None
+
+
+def workers_to_close(scheduler: Any, n: int | None, memory_ratio: float | None) -> list[str]:
+    """The workers Dask's ``retire_workers(n=..., memory_ratio=...)`` would choose."""
+    try:
+        choose = scheduler.workers_to_close
+    except AttributeError as exc:
+        raise missing("Scheduler.workers_to_close", exc) from None
+    return list(choose(n=n, memory_ratio=memory_ratio))
