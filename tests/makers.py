@@ -223,6 +223,40 @@ class PixelEnv(EnvBase):
         self._rng.manual_seed(int(seed or 0))
 
 
+class VariableEnv(EnvBase):
+    """An env whose observation says, at every reset and step, what the environment variable ``name`` reads
+    in its process: the sum of the characters' codes of its value (0 when unset)."""
+
+    def __init__(self, name: str = "DASKCOLLECT_TEST_WHO"):
+        super().__init__(batch_size=torch.Size([]))
+        self.name = name
+        self.observation_spec = Composite(observation=Unbounded(shape=(1,)), shape=())
+        self.action_spec = Categorical(2, shape=())
+        self.reward_spec = Unbounded(shape=(1,))
+
+    def _read(self) -> torch.Tensor:
+        return torch.tensor([float(sum(map(ord, os.environ.get(self.name, ""))))])
+
+    def _reset(self, tensordict=None):
+        done = torch.zeros(1, dtype=torch.bool)
+        return TensorDict({"observation": self._read(), "done": done, "terminated": done.clone()}, [])
+
+    def _step(self, tensordict):
+        done = torch.zeros(1, dtype=torch.bool)
+        return TensorDict(
+            {"observation": self._read(), "reward": torch.ones(1), "done": done, "terminated": done.clone()},
+            [],
+        )
+
+    def _set_seed(self, seed: int | None):
+        pass
+
+
+def variable_code(value: str) -> float:
+    """What :class:`VariableEnv` observes when its variable reads ``value``."""
+    return float(sum(map(ord, value)))
+
+
 def make_pixel_env(size: int = 84, max_steps: int = 50) -> PixelEnv:
     """A TorchRL env with ``size x size x 3`` uint8 pixel observations (no gym needed)."""
     return PixelEnv(size=size, max_steps=max_steps)

@@ -22,17 +22,18 @@ import cloudpickle
 import numpy as np
 import torch
 from distributed import get_worker
-from distributed.protocol import Serialized
 from tensordict import TensorDictBase
 
 from daskcollect import _internals
+from daskcollect.collection.memmap import check_writable, write_batch
 from daskcollect.errors import RolloutError, SharedFilesystemError
-from daskcollect.memmap import check_writable, write_batch
+from daskcollect.monitoring.worker import EpisodeTracker, TimeSplit
+from daskcollect.streams import worker as stream
 from daskcollect.weights import tree
 from daskcollect.weights.payload import WeightsRef
-from daskcollect.worker import checkpoint, stream
+from daskcollect.worker import checkpoint
 from daskcollect.worker.checkpoint import Position, Resumed
-from daskcollect.worker.probes import EpisodeTracker, TimeSplit
+from daskcollect.worker.layers import scoped_env
 from daskcollect.worker.rollout import TRAJ_ID_BITS, ActorSpec, Rollout
 
 
@@ -70,10 +71,12 @@ class CollectorActor:
         self._shared = spec.shared_memory is not None and spec.shared_memory.matches()
         self._episodes = EpisodeTracker()
         self._split = TimeSplit()
-        self._build()
+        with scoped_env(spec.worker_env):  # its collection's variables, whatever another one set
+            self._build()
         if spec.seed is not None:
             self.set_seed(spec.seed)
-            self._collector.reset()
+            with scoped_env(spec.worker_env):
+                self._collector.reset()
         self._remember()
         if spec.gc_freeze:
             # Move the long-lived heap (Dask, torch, the envs) out of the
@@ -169,14 +172,14 @@ class CollectorActor:
             RolloutError: With the worker, the collector index and the original
                 traceback, if the env or the policy raised.
         """
-        with self._busy:
+        with self._busy, scoped_env(self.spec.worker_env):
             return self._rollout(weights)
 
-    def rollout_serialized(self, weights: WeightsRef | None = None) -> Serialized:
+    def rollout_serialized(self, weights: WeightsRef | None = None) -> Any:
         """:meth:`rollout`, serialized for its completion stream here, in the actor's thread.
 
         The worker's event loop then only writes the frames (see
-        :func:`daskcollect.worker.stream.serialized`).
+        :func:`daskcollect.streams.worker.serialized`).
         """
         return stream.serialized(self.rollout(weights))
 
@@ -284,7 +287,7 @@ class CollectorActor:
     # --- state -------------------------------------------------------------
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seeds the envs, torch and NumPy, as a ``MultiSyncCollector`` worker does."""
-        with self._busy:
+        with self._busy, scoped_env(self.spec.worker_env):
             out = self._collector.set_seed(seed, static_seed=static_seed)
             torch.manual_seed(seed)
             np.random.seed(seed % 2**32)
@@ -293,7 +296,7 @@ class CollectorActor:
 
     def reset(self) -> None:
         """Resets the envs (the next rollout starts new trajectories)."""
-        with self._busy:
+        with self._busy, scoped_env(self.spec.worker_env):
             self._collector.reset()
             self._remember()
 

@@ -17,11 +17,14 @@ import asyncio
 import logging
 import os
 import sys
+import uuid
+from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from daskcollect import _internals
 from daskcollect.settings import WorkerSettings
+from daskcollect.worker.layers import LAYERS, Layer
 
 #: The names of the requests daskcollect adds to its workers (completion streams, the weights' tree).
 HANDLER_PREFIX = "daskcollect_"
@@ -32,7 +35,7 @@ def _load_collector_stack(torch_threads: int | None) -> None:
     import torch
 
     import daskcollect.worker.actor  # noqa: F401  (torch, tensordict, TorchRL, before the first actor)
-    from daskcollect.serialization import register_serializers
+    from daskcollect.streams.serialization import register_serializers
 
     register_serializers()
     if torch_threads is not None:
@@ -56,8 +59,18 @@ def foreign_scratch_dirs(paths: list[str], own: str | None) -> list[str]:
     return out
 
 
+#: What the first collection on this worker changed for all of them, put back by the last one out: the
+#: ``sys.path`` entries dropped (each with its position) and the heartbeat log filter.
+_shared: dict[str, Any] = {"trimmed": [], "quiet": None}
+
+
 class WorkerSetup(WorkerPlugin):
     """Registers daskcollect's serializer, sets ``worker_env`` and torch's thread count on every worker.
+
+    Each collection registers its own. They compose: the variables and the
+    event-loop tick are layers over what the first one found
+    (:mod:`daskcollect.worker.layers`), so collections that share workers
+    close in any order and leave each worker as found.
 
     Args:
         env: Environment variables to set.
@@ -77,26 +90,24 @@ class WorkerSetup(WorkerPlugin):
         self.torch_threads = settings.torch_threads
         self.trim_sys_path = settings.trim_sys_path
         self.tick_interval = settings.tick_interval
-        self._saved: dict[str, str | None] = {}
-        self._trimmed: list[tuple[int, str]] = []  # (position, entry), to put each back where it was
-        self._tick_ms: float | None = None
-        self._quiet: _internals.QuietHeartbeatAtClose | None = None
+        #: Names this collection's layer on every worker (the plugin travels pickled).
+        self.token = uuid.uuid4().hex
 
     async def setup(self, worker):
-        self._saved = {k: os.environ.get(k) for k in self.env}
-        os.environ.update(self.env)  # before any import reads them
+        first = len(LAYERS) == 0
+        tick_ms = None if self.tick_interval is None else self.tick_interval * 1000
+        tick = _internals.tick_callback(worker) if worker is not None else None
+        LAYERS.push(self.token, Layer(self.env, tick_ms), tick)  # before any import reads the variables
         await asyncio.get_running_loop().run_in_executor(None, _load_collector_stack, self.torch_threads)
+        if not first:
+            return
         if self.trim_sys_path:
             foreign = set(foreign_scratch_dirs(sys.path, getattr(worker, "local_directory", None)))
-            self._trimmed = [(i, p) for i, p in enumerate(sys.path) if p in foreign]
+            _shared["trimmed"] = [(i, p) for i, p in enumerate(sys.path) if p in foreign]
             sys.path[:] = [p for p in sys.path if p not in foreign]
-        tick = _internals.tick_callback(worker) if worker is not None else None
-        if self.tick_interval is not None and tick is not None:
-            self._tick_ms = tick.callback_time
-            tick.callback_time = self.tick_interval * 1000  # read at the next scheduling
         if worker is not None:
-            self._quiet = _internals.QuietHeartbeatAtClose(worker)
-            logging.getLogger("distributed.worker").addFilter(self._quiet)
+            _shared["quiet"] = _internals.QuietHeartbeatAtClose(worker)
+            logging.getLogger("distributed.worker").addFilter(_shared["quiet"])
 
     @staticmethod
     def _forget(worker) -> None:
@@ -108,23 +119,17 @@ class WorkerSetup(WorkerPlugin):
             tree.forget_all()
 
     def teardown(self, worker):
-        for key, value in self._saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        self._saved = {}
-        for position, path in self._trimmed:
+        tick = _internals.tick_callback(worker) if worker is not None else None
+        if not LAYERS.pop(self.token, tick):
+            return  # another collection still uses this worker
+        for position, path in _shared["trimmed"]:
             if path not in sys.path:
                 sys.path.insert(position, path)
-        self._trimmed = []
-        tick = _internals.tick_callback(worker) if worker is not None else None
-        if self._tick_ms is not None and tick is not None:
-            tick.callback_time = self._tick_ms
-        self._tick_ms = None
-        if worker is not None and not any(isinstance(p, WorkerSetup) for p in worker.plugins.values()):
+        _shared["trimmed"] = []
+        if worker is not None:
             self._forget(worker)
+        quiet = _shared["quiet"]
         # A closing worker runs this before it closes its connections: the filter stays for that.
-        if self._quiet is not None and not self._quiet.closing():
-            logging.getLogger("distributed.worker").removeFilter(self._quiet)
-            self._quiet = None
+        if quiet is not None and not quiet.closing():
+            logging.getLogger("distributed.worker").removeFilter(quiet)
+            _shared["quiet"] = None

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -41,6 +42,9 @@ class ActorSpec:
         weight_receiver: The receiving side of the weight-sync scheme, a
             copy of which is registered on each TorchRL collector built
             here; ``None`` when updates are off.
+        worker_env: Its collection's ``worker_env``, set on top of the
+            worker's variables while it builds and collects
+            (:func:`daskcollect.worker.layers.scoped_env`).
     """
 
     index: int
@@ -56,6 +60,7 @@ class ActorSpec:
     trace_frames: bool = True
     keep_positions: bool = False
     weight_receiver: Any = None
+    worker_env: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
