@@ -29,8 +29,8 @@ from distributed import Client, LocalCluster
 from distributed.protocol import serialize
 from tensordict import TensorDict
 
-from daskcollect.memmap import write_batch
-from daskcollect.serialization import register_serializers
+from daskcollect.collection.memmap import write_batch
+from daskcollect.streams.serialization import register_serializers
 
 warnings.filterwarnings("ignore")
 _CACHE: dict = {}

@@ -136,7 +136,8 @@ def run_dask(
         )  # fmt: skip
     if address is None:  # the private cluster's scheduler process, if it has one
         scheduler = next(
-            (p for p in psutil.Process().children() if "daskcollect.scheduler_process" in p.cmdline()), None
+            (p for p in psutil.Process().children() if "daskcollect.deploy.scheduler_process" in p.cmdline()),
+            None,
         )
     return measure(collector, args.seconds, worker_pids or (lambda: children_of(os.getpid())), scheduler)
 

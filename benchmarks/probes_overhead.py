@@ -23,7 +23,7 @@ from _common import header, median_ratio, save
 from makers import cartpole_policy, make_cartpole
 from torchrl.collectors import Collector
 
-from daskcollect.worker.probes import EpisodeTracker, TimeSplit
+from daskcollect.monitoring.worker import EpisodeTracker, TimeSplit
 
 warnings.filterwarnings("ignore")
 

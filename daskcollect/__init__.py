@@ -45,8 +45,8 @@ from daskcollect.errors import (
 )
 
 if TYPE_CHECKING:
+    from daskcollect.collection.memmap import MemmapBatch
     from daskcollect.collector import DaskCollector
-    from daskcollect.memmap import MemmapBatch
     from daskcollect.replay_buffer import DaskReplayBuffer
     from daskcollect.weights.scheme import DaskWeightSyncScheme, DaskWeightUpdater
 
@@ -55,7 +55,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "DaskCollector": "daskcollect.collector",
     "DaskReplayBuffer": "daskcollect.replay_buffer",
-    "MemmapBatch": "daskcollect.memmap",
+    "MemmapBatch": "daskcollect.collection.memmap",
     "DaskWeightSyncScheme": "daskcollect.weights.scheme",
     "DaskWeightUpdater": "daskcollect.weights.scheme",
 }

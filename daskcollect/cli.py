@@ -110,7 +110,7 @@ def prepare_memmap_dir(path: str) -> bool:
     """Creates ``path`` if only it is missing (its parent exists).
 
     Whether it can be written is checked by ``DaskCollector`` itself, on this
-    machine and on every worker (``daskcollect.memmap.check_writable``).
+    machine and on every worker (``daskcollect.collection.memmap.check_writable``).
 
     Returns:
         Whether the folder was created.
@@ -175,8 +175,8 @@ def _start_private_cluster(args: argparse.Namespace):
     """The private LocalCluster, started before this process imports torch (the two overlap)."""
     from dask.system import CPU_COUNT
 
-    from daskcollect.cluster import connect
-    from daskcollect.options import ClusterOptions
+    from daskcollect.collection.options import ClusterOptions
+    from daskcollect.deploy.handle import connect
     from daskcollect.settings import Settings
 
     options = ClusterOptions(worker_env=dict(args.worker_env))
@@ -187,7 +187,7 @@ def _collect(args: argparse.Namespace, collector, startup: float) -> list[tuple[
     """Runs the collection with a progress bar; returns the summary's rows."""
     from tqdm import tqdm
 
-    from daskcollect.monitoring.dashboard import PATH as MONITOR_PATH
+    from daskcollect.monitoring.scheduler import PATH as MONITOR_PATH
 
     ready = time.perf_counter()
     print(f"daskcollect: {collector.num_collectors} collectors on {len(set(collector.workers))} workers")

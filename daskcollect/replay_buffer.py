@@ -23,11 +23,12 @@ from typing import Any
 
 import cloudpickle
 
-from daskcollect.cluster import ClusterHandle, close_at_exit, connect, wait_for_workers
+from daskcollect.collection.options import ClusterOptions
+from daskcollect.deploy.handle import ClusterHandle, close_at_exit, connect
+from daskcollect.deploy.workers import wait_for_workers
 from daskcollect.errors import ConfigurationError, ReplayBufferLostError
-from daskcollect.options import ClusterOptions
-from daskcollect.serialization import register_serializers
 from daskcollect.settings import Settings
+from daskcollect.streams.serialization import register_serializers
 from daskcollect.worker.plugin import WorkerSetup
 
 #: Keys of buffer actors start with this.

@@ -112,7 +112,6 @@ class Settings:
     """Every ``daskcollect.*`` setting, validated, durations in seconds."""
 
     timeouts: Timeouts
-    liveness_interval: float
     restart_delay: float
     max_collector_restarts: int
     report_interval: float
@@ -127,6 +126,7 @@ class Settings:
     local_dashboard_address: str | None
     local_memory_limit: str | float | None
     local_scheduler_process: bool
+    local_worker_start: str
     local_cluster_config: dict
     worker: WorkerSettings
 
@@ -153,7 +153,6 @@ class Settings:
             )
         return cls(
             timeouts=Timeouts(**timeouts),
-            liveness_interval=_seconds(section, "liveness-interval"),
             restart_delay=_seconds(section, "restart-delay"),
             max_collector_restarts=section["max-collector-restarts"],
             report_interval=_seconds(section, "dashboard.report-interval"),
@@ -168,6 +167,7 @@ class Settings:
             local_dashboard_address=local["dashboard-address"],
             local_memory_limit=local["memory-limit"],
             local_scheduler_process=local["scheduler-process"],
+            local_worker_start=local["worker-start"],
             local_cluster_config=dict(local["cluster-config"] or {}),
             worker=WorkerSettings(
                 torch_threads=worker["torch-threads"],

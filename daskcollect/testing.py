@@ -41,14 +41,13 @@ IMPORT_SIDE_EFFECTS = ("PYGAME_HIDE_SUPPORT_PROMPT",)
 
 def scheduler_state(dask_scheduler: Any) -> dict[str, Any]:
     """What a collection could leave behind on the scheduler (run there by :func:`cluster_state`)."""
-    app = dask_scheduler.http_application
     return {
-        "plugins": sorted(dask_scheduler.plugins),
-        "handlers": sorted(dask_scheduler.handlers),
-        "retire_workers": repr(dask_scheduler.handlers["retire_workers"]),
-        "routes": [len(app.default_router.rules), len(app.wildcard_router.rules)],
+        "plugins": _internals.scheduler_plugin_names(dask_scheduler),
+        "handlers": _internals.handler_names(dask_scheduler),
+        "retire_workers": repr(_internals.retire_handler(dask_scheduler)),
+        "routes": _internals.route_counts(dask_scheduler),
         "subscriptions": _internals.subscribed_topics(dask_scheduler),
-        "tasks": sorted(map(str, dask_scheduler.tasks)),
+        "tasks": _internals.task_keys(dask_scheduler),
         "datasets": _internals.published_datasets(dask_scheduler),
     }
 
@@ -64,14 +63,14 @@ def worker_state(
             pass  # not installed on this worker: a collection cannot have imported it either
     ignored = set(ignore_env)
     return {
-        "plugins": sorted(dask_worker.plugins),
-        "handlers": sorted(dask_worker.handlers),
-        "data": sorted(map(str, dask_worker.data)),
-        "actors": sorted(map(str, dask_worker.state.actors)),
+        "plugins": sorted(_internals.worker_plugins(dask_worker)),
+        "handlers": _internals.handler_names(dask_worker),
+        "data": _internals.data_keys(dask_worker),
+        "actors": _internals.held_actors(dask_worker),
         "log filters": [repr(f) for f in logging.getLogger("distributed.worker").filters],
         "environment": {k: v for k, v in os.environ.items() if k not in ignored},
         "sys.path": list(sys.path),
-        "tick": dask_worker.periodic_callbacks["tick"].callback_time,
+        "tick": _internals.tick_callback(dask_worker).callback_time,
     }
 
 
@@ -120,3 +119,13 @@ def differences(before: dict[str, Any], after: dict[str, Any], where: str = "") 
         elif a != b:
             out.append(f"{where}/{key}: {a!r} -> {b!r}")
     return out
+
+
+def state_sizes(collector: Any) -> dict[str, int]:
+    """How many entries each per-collector structure of an open ``DaskCollector`` holds on the driver.
+
+    A long run that follows a cluster whose workers come and go keeps these
+    flat: what is kept for a collector goes when it leaves for good. Use it to
+    check a collection of your own over many joins and leaves.
+    """
+    return collector.session.sizes()

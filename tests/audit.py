@@ -1,4 +1,4 @@
-"""The audit of a resumed run's frames (tests/test_checkpoint.py, tests/test_reattach.py).
+"""The audit of a resumed run's frames (tests/test_collection_checkpoint.py, tests/test_reattach.py).
 
 Exactly ``total_frames`` frames, no ``(collector_id, rollout_id)`` pair twice,
 and every trajectory's transitions consecutive (each frame's ``next`` state is

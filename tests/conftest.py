@@ -122,15 +122,12 @@ def _no_leaks(_forkserver):
 
 def _local_cluster(daemon: bool = False, **kwargs) -> LocalCluster:
     kwargs.setdefault("n_workers", 2)
+    kwargs.setdefault("processes", True)
+    if not kwargs["processes"]:
+        kwargs.setdefault("protocol", "tcp://")  # in-process workers, still on TCP
     # Non-daemonic workers may start sub-processes (ParallelEnv, MultiSyncCollector).
     with dask.config.set({"distributed.worker.daemon": daemon}):
-        return LocalCluster(
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address="127.0.0.1:0",
-            **kwargs,
-        )
+        return LocalCluster(threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0", **kwargs)
 
 
 @pytest.fixture(scope="session")

@@ -56,7 +56,7 @@ def environment(**variables: str):
 
 def streams_served(dask_worker) -> dict[str, str]:
     """The completion streams a worker serves, actor key -> comm address (``client.run(streams_served)``)."""
-    from daskcollect.worker import stream
+    from daskcollect.streams import worker as stream
 
     return dict(stream.serving)
 
@@ -149,3 +149,48 @@ def chromium(tmp_path, *args: str, attempts: int = 3) -> str:
 
 def dashboard_base(cluster) -> str:
     return cluster.dashboard_link.rsplit("/", 1)[0]
+
+
+def _run_forked(target: str, args: tuple, env: dict[str, str]) -> None:
+    """In a process forked from the suite's forkserver: ``module:function(*args)`` with ``env`` set and
+    read again by ``dask.config``, as a new interpreter started with that environment would."""
+    import importlib
+
+    os.environ.update(env)
+    dask.config.refresh()
+    module, function = target.split(":")
+    getattr(importlib.import_module(module), function)(*args)
+
+
+class Forked:
+    """A script's ``main`` run in a process forked from the suite's forkserver, which has imported the
+    collector stack: the process starts in a fraction of a second where a new interpreter takes
+    seconds. ``send_signal`` and ``wait`` as ``subprocess.Popen``'s.
+
+    Args:
+        target: ``"module:function"``, importable from ``tests/``.
+        args: Its arguments.
+        env: Environment variables it runs with.
+    """
+
+    def __init__(self, target: str, *args: str, env: dict[str, str] | None = None):
+        import multiprocessing
+
+        context = multiprocessing.get_context("forkserver")
+        self.process = context.Process(target=_run_forked, args=(target, args, env or {}), daemon=False)
+        self.process.start()
+        self.pid = self.process.pid
+
+    def send_signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Waits (bounded) for the process to end; its exit code (``-N`` for a signal), as ``Popen.wait``.
+
+        Raises:
+            subprocess.TimeoutExpired: If it is still running after ``timeout`` seconds.
+        """
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise subprocess.TimeoutExpired(f"forked {self.pid}", timeout)
+        return self.process.exitcode

@@ -18,7 +18,7 @@ from daskcollect import DaskCollector
 
 jobqueue_local = pytest.importorskip("dask_jobqueue.local", reason="the 'jobqueue' extra is not installed")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FAST = {"daskcollect.restart-delay": "0.2s", "daskcollect.liveness-interval": "0.5s"}
+FAST = {"daskcollect.restart-delay": "0.2s"}
 
 
 def example(name: str):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from daskcollect.monitoring.charts import nice_max
-from daskcollect.monitoring.dashboard import STATS_TOPIC, CollectorMonitor
+from daskcollect.monitoring.scheduler import STATS_TOPIC, CollectorMonitor
 
 
 def snapshot(t: float, frames: int, restarts: int = 0, lost: int = 0, uid: int = 0) -> dict:

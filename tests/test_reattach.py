@@ -1,4 +1,4 @@
-"""daskcollect.reattach: a driver killed mid-run, restarted within the grace period, takes over its
+"""daskcollect.reattach.driver: a driver killed mid-run, restarted within the grace period, takes over its
 collectors as they are; after the grace period nothing of the killed driver's collection is left.
 
 Each driver is ``tests/resumable_driver.py`` in a process of its own, on the session's cluster, with
@@ -10,31 +10,27 @@ from __future__ import annotations
 import ast
 import os
 import signal
-import subprocess
-import sys
 
 import dask
 import pytest
 import torch
 from audit import audit, saved_batches
-from helpers import wait_until
+from helpers import Forked, wait_until
 from makers import envs_built, make_stateless_pendulum, pendulum_policy
 from resumable_driver import FRAMES_PER_BATCH, TOTAL_FRAMES
 
 from daskcollect import ConfigurationError, DaskCollector
-from daskcollect.reattach import RUN_PREFIX
+from daskcollect.reattach.driver import RUN_PREFIX
 from daskcollect.testing import cluster_state, differences
 
-DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "resumable_driver.py")
+
+def run_driver(address: str, folder: str, mode: str, grace: str) -> Forked:
+    """``tests/resumable_driver.py`` in a process of its own, forked from the suite's forkserver."""
+    env = {"DASK_DASKCOLLECT__REATTACH__GRACE_PERIOD": grace}
+    return Forked("resumable_driver:main", address, folder, mode, "restore", "reattach", env=env)
 
 
-def run_driver(address: str, folder: str, mode: str, grace: str) -> subprocess.Popen:
-    env = dict(os.environ, DASK_DASKCOLLECT__REATTACH__GRACE_PERIOD=grace)
-    return subprocess.Popen([sys.executable, DRIVER, address, folder, mode, "restore", "reattach"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-
-
-def kill_after(driver: subprocess.Popen, folder: str, batches: int) -> None:
+def kill_after(driver: Forked, folder: str, batches: int) -> None:
     try:
         wait_until(
             lambda: len([n for n in os.listdir(folder) if n.startswith("batch-")]) >= batches, timeout=120

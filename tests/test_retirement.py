@@ -1,11 +1,11 @@
-"""daskcollect.retirement: graceful retirement of collectors' workers; Dask's own for the other workers.
+"""daskcollect.retirement.driver: graceful retirement of collectors' workers; Dask's own for the other workers.
 
 The scheduler plugin's logic runs in process, on Dask's ``gen_cluster``: a
 retirement of a worker without a collector, of one with a collector's actor
 (announced, then retired once the actor is released, or refused after the
 timeout), a worker retiring itself (removed when it disconnects), and the plugin's
 close. The end-to-end test keeps real nannies restarting ``--lifetime`` workers
-under a slow scheduler (``tests/test_engine.py`` has collections across
+under a slow scheduler (``tests/test_collection_engine.py`` has collections across
 retirements).
 """
 
@@ -23,15 +23,11 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.utils_test import gen_cluster
 from helpers import wait_until
 
-from daskcollect.polling import apoll_until
-from daskcollect.retirement import (
-    ACTOR_KEY_PREFIX,
-    RETIREMENT_PLUGIN,
-    RETIRING_TOPIC,
-    GracefulRetirement,
-    install_retirement_hook,
-)
-from daskcollect.scheduler_plugins import acquire, release_lease
+from daskcollect.collection.polling import apoll_until
+from daskcollect.leases.scheduler import acquire, release_lease
+from daskcollect.retirement import ACTOR_KEY_PREFIX, RETIREMENT_PLUGIN, RETIRING_TOPIC
+from daskcollect.retirement.driver import install_retirement_hook
+from daskcollect.retirement.scheduler import GracefulRetirement
 
 TWO_WORKERS = [("127.0.0.1", 1), ("127.0.0.1", 1)]
 

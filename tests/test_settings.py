@@ -12,7 +12,7 @@ from daskcollect.settings import Settings
 
 def test_defaults_are_valid_and_durations_are_seconds():
     settings = Settings.load()
-    assert settings.timeouts.rollout > 0 and settings.liveness_interval == 1.0
+    assert settings.timeouts.rollout > 0 and settings.restart_delay == 1.0
     assert settings.async_depth >= 1 and settings.worker.tick_interval == 1.0
     with dask.config.set({"daskcollect.timeouts.rollout": "1h", "daskcollect.worker.tick-interval": None}):
         settings = Settings.load()

@@ -17,7 +17,7 @@ from makers import constant_action_policy, make_cartpole, set_constant_action
 from tensordict import TensorDict
 
 from daskcollect import ConfigurationError, DaskCollector
-from daskcollect.serialization import register_serializers
+from daskcollect.streams.serialization import register_serializers
 from daskcollect.weights import WeightsPayload, extract_weights
 
 register_serializers()

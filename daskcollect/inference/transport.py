@@ -20,7 +20,7 @@ the channel opens.
 On the server, requests enter a :class:`ServerTransport`, which is what
 TorchRL's ``InferenceServer`` drains, batches and answers through
 (:meth:`ServerTransport.resolve`). The same completion-stream
-:class:`~daskcollect.worker.stream.Sender` coalesces the answers that finish
+:class:`~daskcollect.streams.worker.Sender` coalesces the answers that finish
 while one is being written.
 """
 
@@ -31,20 +31,19 @@ import itertools
 import logging
 import queue
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from concurrent.futures import Future
 from typing import Any
 
 import torch
 from distributed import get_worker
 from distributed.comm import connect
-from distributed.core import Status
 from tensordict import TensorDict, TensorDictBase
 from torchrl.modules.inference_server import InferenceTransport
 
 from daskcollect import _internals
 from daskcollect.errors import InferenceServerLostError
-from daskcollect.worker.stream import Sender
+from daskcollect.streams.worker import Sender
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +51,19 @@ logger = logging.getLogger(__name__)
 OPEN = "daskcollect_infer"
 #: The transports served in this worker process, by server name.
 SERVING: dict[str, ServerTransport] = {}
-#: Seconds from request to answer of this process's recent requests, per server name (the last 4096).
-LATENCIES: dict[str, deque] = {}
+#: Seconds from request to answer of this process's recent requests (the last 4096), per server name, for
+#: the last :data:`KEPT_SERVERS` servers asked: a replaced server's name gives way to the newest.
+LATENCIES: OrderedDict[str, deque] = OrderedDict()
+KEPT_SERVERS = 8
+
+
+def latencies_of(server: str) -> deque:
+    """The recent latencies of ``server`` (kept among the last :data:`KEPT_SERVERS` servers)."""
+    kept = LATENCIES.setdefault(server, deque(maxlen=4096))
+    LATENCIES.move_to_end(server)
+    while len(LATENCIES) > KEPT_SERVERS:
+        LATENCIES.popitem(last=False)
+    return kept
 
 
 def latencies(dask_worker: Any = None) -> dict[str, list[float]]:
@@ -180,7 +190,7 @@ def install(worker: Any) -> None:
         out = Sender(comm)
         if transport is None:
             out.abort()
-            return Status.dont_reply
+            return _internals.DONT_REPLY
         loop = asyncio.get_running_loop()
         transport.channels.add(out)
         try:
@@ -192,7 +202,7 @@ def install(worker: Any) -> None:
         finally:
             transport.channels.discard(out)
             out.abort()
-        return Status.dont_reply
+        return _internals.DONT_REPLY
 
     _internals.add_handlers(worker, {OPEN: daskcollect_infer})
 
@@ -270,7 +280,7 @@ class DaskInferenceClient:
                 return
             request = self._waiting.popleft()
             if not request.future.done():
-                channel.send(request)  # on failure, the channel gives it back (_lost)
+                channel.send(request)  # on failure, the channel gives it back (lost)
 
     async def _connect(self) -> None:
         try:
@@ -302,6 +312,7 @@ class DaskInferenceClient:
                 return None
             if current is not None:
                 self.routes = [tuple(r) for r in current["routes"]]
+                self._dead &= set(self.routes)  # a replaced server's route is never listed again
             if self.routes[self.slot % len(self.routes)] in self._dead:
                 await asyncio.sleep(ROUTE_POLL)
         return None
@@ -316,7 +327,7 @@ class DaskInferenceClient:
         log = logger.warning if self._live() else logger.debug
         log("%s; requests wait for its replacement", self._cause)
 
-    def _lost(self, channel: _Channel, cause: str) -> None:
+    def lost(self, channel: _Channel, cause: str) -> None:
         """``channel`` closed: its requests in flight wait, first, for the server's replacement."""
         if self._channel is channel:
             self._channel = None
@@ -383,20 +394,14 @@ class _Channel:
         self._pending: dict[int, _Request] = {}
         self._ids = itertools.count()
         self._out = Sender(comm)
-        self.latencies = LATENCIES.setdefault(route[1], deque(maxlen=4096))
+        self.latencies = latencies_of(route[1])
         self.last: float | None = None  # the latest answer's latency, reported to the server with the next
         self._reader = asyncio.ensure_future(self._read(comm))
 
     @classmethod
     async def open(cls, client: DaskInferenceClient, route: tuple, args: dict) -> _Channel:
         address, server = route
-        hello = {
-            "op": OPEN,
-            "server": server,
-            "inputs": client.inputs,
-            "outputs": client.outputs,
-            "reply": False,
-        }
+        hello = _internals.rpc_message(OPEN, server=server, inputs=client.inputs, outputs=client.outputs)
         comm = await connect(address, timeout=client.timeout, name="daskcollect-infer", **args)
         await comm.write(hello)
         return cls(client, route, comm)
@@ -437,7 +442,7 @@ class _Channel:
         if not self.closed:
             self.closed = True
             self._out.abort()
-            self.client._lost(self, cause)
+            self.client.lost(self, cause)
 
     def close(self) -> None:
         self.closed = True

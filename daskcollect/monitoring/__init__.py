@@ -2,9 +2,9 @@
 
 - :mod:`~daskcollect.monitoring.stats`: :class:`CollectionStats`,
   :class:`CollectorStats` and :class:`FailureCounters`;
-- :mod:`~daskcollect.monitoring.reporter`: :class:`Reporter`, which sends a
+- :mod:`~daskcollect.monitoring.driver`: :class:`Reporter`, which sends a
   snapshot to the scheduler at most once per report interval;
-- :mod:`~daskcollect.monitoring.dashboard`: the scheduler plugin that serves
+- :mod:`~daskcollect.monitoring.scheduler`: the scheduler plugin that serves
   ``/daskcollect``, ``/daskcollect/json`` and the Prometheus series.
 """
 

@@ -37,3 +37,26 @@ def render(summary: dict[str, Any], stats: dict[str, Any]) -> str:
         page=collectors_page(summary.get("dashboard")),
         fmt=lambda v, spec=",": format(v, spec) if isinstance(v, (int, float)) else "",
     )
+
+
+def describe(collector: Any) -> str:
+    """``repr()`` of a ``DaskCollector``."""
+    mode = "sync" if collector.spec.batch.sync else "async"
+    state = "closed" if collector.closed else "open"
+    return (
+        f"DaskCollector(num_collectors={collector.num_collectors}, {mode}, "
+        f"frames_per_batch={collector.frames_per_batch}, total_frames={collector.total_frames}, {state})"
+    )
+
+
+def render_collector(collector: Any) -> str:
+    """Jupyter's view of a ``DaskCollector``: mode, collectors, frames so far, links to the dashboard."""
+    client = collector.client
+    summary = {
+        "mode": "sync" if collector.spec.batch.sync else "async",
+        "state": "closed" if collector.closed else "open",
+        "frames_per_batch": collector.frames_per_batch,
+        "dashboard": collector.dashboard_link,
+        "scheduler": getattr(getattr(client, "scheduler", None), "address", None),
+    }
+    return render(summary, collector.stats())

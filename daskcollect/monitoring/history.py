@@ -50,6 +50,9 @@ class History:
             if dt and before is not None:
                 rates[index] = (frames - (before[1] if before[0] == uid else 0)) / dt
             self._frames[index] = (uid, frames)
+        present = {row.get("index") for row in rows}
+        for gone in [index for index in self._frames if index not in present]:
+            del self._frames[gone]  # a collector that left: its counts go with it
         return rates
 
     def series(self, key: str) -> list[tuple[float, float]]:

@@ -1,7 +1,7 @@
 """What the driver keeps of each rollout's record: episodes, policy lag and the time split.
 
 Everything here comes from the rollouts' small records (see
-:mod:`daskcollect.worker.probes`), never from the batches: it works the same
+:mod:`daskcollect.monitoring.worker`), never from the batches: it works the same
 with memmap output and with the cluster's replay buffer.
 """
 
@@ -92,6 +92,20 @@ class Telemetry:
             own.splits.append(rollout.time_split)
         own.policy_lag = lag
         self.lags.append(lag)
+
+    def forget(self, index: int) -> None:
+        """Drops collector ``index``'s figures (it left for good; the collection's stay)."""
+        with self._lock:
+            self._collectors.pop(index, None)
+
+    def indices(self) -> set[int]:
+        """The collectors whose figures are kept."""
+        with self._lock:
+            return set(self._collectors)
+
+    def size(self) -> int:
+        """How many collectors' figures are kept."""
+        return len(self._collectors)
 
     def collector(self, index: int) -> dict:
         """One collector's figures (empty figures before its first rollout)."""

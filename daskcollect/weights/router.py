@@ -169,6 +169,24 @@ class WeightRouter:
         sent = self._latest.get(index)
         return sent.route if sent is not None else None
 
+    def forget(self, index: int) -> None:
+        """Drops what is kept for collector ``index``, which left for good."""
+        self._pending.pop(index, None)
+        self._latest.pop(index, None)
+        self._since_update.pop(index, None)
+
+    def indices(self) -> set[int]:
+        """The collectors something is kept for."""
+        return set(self._pending) | set(self._latest) | set(self._since_update)
+
+    def sizes(self) -> dict[str, int]:
+        """How many collectors each per-collector table holds (a bound check)."""
+        return {
+            "pending": len(self._pending),
+            "latest": len(self._latest),
+            "since update": len(self._since_update),
+        }
+
     def close(self, timeout: float = 5.0) -> None:
         """Drops every reference (their files and futures go), the workers' copies (bounded by
         ``timeout``) and the shared-memory folder."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from distributed import Client
-from distributed.comm.addressing import get_address_host
+from distributed.comm import get_address_host
 from tensordict import TensorDictBase
 
 from daskcollect import _internals
@@ -98,7 +98,7 @@ class ScatterTransport:
             copy, left = tree.copy_along_tree, max(deadline - time.monotonic(), 0.0)
             left_out = _internals.sync(self.client.loop, copy, self.client, future.key, heads, deadline,
                             callback_timeout=left + 1)  # fmt: skip
-            if left_out:  # gone or going: the liveness checks deal with their collectors
+            if left_out:  # gone or going: their streams and the worker events deal with their collectors
                 logger.info("weights version %d did not reach %s", version, left_out)
         holders = tuple(a for a in heads if a not in left_out)
         return Sent(ScatterRef(version, future.key, holders), payload, future, ROUTE)

@@ -22,7 +22,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tensordict import TensorDict, TensorDictBase
@@ -174,7 +174,7 @@ with warnings.catch_warnings():
 
         def all_worker_ids(self) -> list[int]:
             """The indices of the live collectors."""
-            return self._owner()._collector_indices()
+            return self._owner().collector_indices()
 
         def _get_server_weights(self) -> Any:
             policy = self._owner().policy
@@ -193,10 +193,10 @@ with warnings.catch_warnings():
             ids = self.all_worker_ids() if worker_ids is None else list(worker_ids)
             ids = [i for i in ids if not self._skip_update(i)]
             if ids:
-                self._owner()._publish(weights, ids)
+                self._owner().publish_weights(weights, ids)
 
         def _sync_weights_with_worker(self, *, worker_id: int | None = None, server_weights: Any) -> None:
-            self._owner()._publish(server_weights, None if worker_id is None else [worker_id])
+            self._owner().publish_weights(server_weights, None if worker_id is None else [worker_id])
 
 
 def _check_updater(updater: Any) -> None:
@@ -279,3 +279,82 @@ def start_senders(schemes: Mapping[str, WeightSyncScheme] | None, context: Any, 
         scheme.init_on_sender(model_id=model_id, context=context, publish=publish)
         if isinstance(scheme, DaskWeightSyncScheme):
             scheme.connect()  # NoWeightSyncScheme has nothing to connect
+
+
+def policy_source(policy_or_weights: Any, weights: Any, policy: Any, kwargs: dict[str, Any]) -> Any:
+    """The one weights source of ``update_policy_weights_``'s arguments; pops TorchRL's ``model_id`` and
+    ``weights_dict`` from ``kwargs`` (one model, ``"policy"``, is synced).
+
+    Raises:
+        ConfigurationError: If weights are given twice, or for another model.
+    """
+    given = [x for x in (policy_or_weights, weights, policy) if x is not None]
+    if len(given) > 1:
+        raise ConfigurationError("Pass weights once: positionally, as weights= or as policy=.")
+    weights_dict = kwargs.pop("weights_dict", None)
+    models = set(weights_dict or ()) | {kwargs.pop("model_id", None) or "policy"}
+    if models != {"policy"}:
+        raise ConfigurationError(
+            f"DaskCollector syncs one model, 'policy'; got {sorted(models)}. Pass the policy's "
+            "weights without weights_dict or model_id."
+        )
+    return given[0] if given else (weights_dict or {}).get("policy")
+
+
+class WeightsAPI:
+    """TorchRL's weight methods as a collector's (a mixin of :class:`~daskcollect.DaskCollector`, before
+    TorchRL's ``BaseCollector``, whose ``update_policy_weights_`` dispatches to the schemes or the updater;
+    the collector holds ``_engine`` and ``policy`` and checks that it is open with ``_check_open``)."""
+
+    _engine: Any
+    policy: Any
+
+    def _check_open(self) -> None:  # pragma: no cover - the collector's
+        raise NotImplementedError
+
+    def update_policy_weights_(
+        self,
+        policy_or_weights: Any = None,
+        *,
+        weights: Any = None,
+        policy: Any = None,
+        worker_ids: int | Sequence[int] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Sends new policy weights to the collectors through ``weight_sync_schemes`` or ``weight_updater``.
+
+        With the default :class:`~daskcollect.DaskWeightSyncScheme`, collectors
+        on the driver's host read the weights from one shared-memory file
+        written once; collectors on other hosts get one Dask scatter,
+        replicated between their workers. Each collector loads them in place
+        before its next rollout (a rollout already running finishes on the
+        weights it started with).
+
+        Args:
+            policy_or_weights: An ``nn.Module``, a TensorDict of weights or a
+                dict of tensors. Defaults to the driver's ``policy``.
+            weights: Keyword form for weights.
+            policy: Keyword form for a module.
+            worker_ids: A collector index or a list of them; default all.
+            **kwargs: TorchRL's ``model_id`` / ``weights_dict``; the only model is ``"policy"``.
+
+        Raises:
+            ConfigurationError: If there are no weights to send, they do not
+                fit the policy, or the arguments conflict.
+        """
+        self._check_open()
+        source = policy_source(policy_or_weights, weights, policy, kwargs)
+        super().update_policy_weights_(source, worker_ids=worker_ids, **kwargs)  # TorchRL's dispatch
+
+    def publish_weights(self, weights: Any, worker_ids: list[int] | None) -> None:
+        """The route of this collection's schemes and updater (use :meth:`update_policy_weights_`): writes ``weights`` once per route as a new version for ``worker_ids`` (``None``: all)."""
+        self._check_open()
+        self._engine.send_weights(weights, self._engine.select(worker_ids))
+
+    def collector_indices(self) -> list[int]:
+        """The indices of the live collectors."""
+        return [slot.index for slot in self._engine.select(None)]
+
+    def _refresh_weights(self, slots: list) -> None:
+        """``update_after_each_batch`` / ``max_weight_update_interval``: the driver's policy to ``slots``."""
+        self.update_policy_weights_(self.policy, worker_ids=[slot.index for slot in slots])

@@ -28,7 +28,7 @@ from collections import OrderedDict
 from functools import partial
 from typing import Any
 
-from distributed.comm.addressing import get_address_host
+from distributed.comm import get_address_host
 from distributed.protocol import to_serialize
 
 from daskcollect import _internals

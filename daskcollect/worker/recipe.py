@@ -16,13 +16,13 @@ from typing import Any
 
 import cloudpickle
 
+from daskcollect.deploy.py_modules import missing_module_hint
 from daskcollect.errors import (
     CollectorBuildError,
     EnvConstructionError,
     PolicyFactoryError,
     PolicySerializationError,
 )
-from daskcollect.py_modules import missing_module_hint
 
 
 def describe(obj: Any) -> str:

@@ -1,0 +1,106 @@
+"""The scheduler's side of leases: :class:`SharedPlugin` and the functions the driver runs on the scheduler.
+
+Runs on the scheduler (``Client.run_on_scheduler``); it imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from daskcollect import _internals
+
+logger = logging.getLogger(__name__)
+
+
+class SharedPlugin(SchedulerPlugin):
+    """A scheduler plugin held by leases: installed by the first, removed after the last.
+
+    Subclasses set ``name`` and undo in ``close`` what ``start`` changed.
+    """
+
+    name: str = "daskcollect-shared"
+
+    def __init__(self) -> None:
+        #: lease id -> the id of the client that holds it.
+        self.leases: dict[str, str] = {}
+        #: lease id -> what its holder registered it with (see :func:`acquire`).
+        self.details: dict[str, Any] = {}
+        self._removal: asyncio.Future | None = None
+
+    def remove_client(self, scheduler: Any, client: str) -> None:
+        gone = [lease for lease, holder in self.leases.items() if holder == client]
+        details = [self.details.pop(lease) for lease in gone if lease in self.details]
+        for lease in gone:
+            del self.leases[lease]
+        if details:
+            self.orphaned(scheduler, details)
+        if gone and not self.leases:
+            # Dask is iterating over its plugins: remove this one on the next turn of the loop.
+            self._removal = asyncio.ensure_future(remove_unused(scheduler, self))
+
+    def orphaned(self, scheduler: Any, details: list[Any]) -> None:
+        """Called when a client disconnected without releasing leases; ``details`` are theirs."""
+
+
+async def remove_unused(scheduler: Any, plugin: SharedPlugin) -> None:
+    """Closes and removes ``plugin`` from ``scheduler`` if no lease holds it (on the scheduler's loop)."""
+    if plugin.leases or _internals.scheduler_plugin(scheduler, plugin.name) is not plugin:
+        return  # taken again meanwhile, or already gone
+    try:
+        closed = plugin.close()
+        if inspect.isawaitable(closed):
+            await closed
+    finally:
+        _internals.remove_scheduler_plugin(scheduler, plugin.name)
+
+
+async def acquire(
+    plugin: SharedPlugin, lease: str, client: str, detail: Any = None, dask_scheduler: Any = None
+) -> int:
+    """Installs ``plugin`` unless the scheduler has one of its name, and records ``lease``, held by
+    the client ``client``, with ``detail`` for the plugin (run on the scheduler:
+    ``Client.run_on_scheduler``).
+
+    Returns:
+        How many leases the plugin now has.
+    """
+    current = _internals.scheduler_plugin(dask_scheduler, plugin.name)
+    if not isinstance(current, SharedPlugin):
+        await _internals.add_scheduler_plugin(dask_scheduler, plugin, plugin.name)
+        current = plugin
+    current.leases[lease] = client
+    if detail is not None:
+        current.details[lease] = detail
+    return len(current.leases)
+
+
+def set_detail(name: str, lease: str, detail: Any, dask_scheduler: Any = None) -> bool:
+    """Replaces what ``lease`` on the plugin ``name`` was registered with (run on the scheduler);
+    ``False`` if the lease is gone."""
+    current = _internals.scheduler_plugin(dask_scheduler, name)
+    if not isinstance(current, SharedPlugin) or lease not in current.leases:
+        return False
+    current.details[lease] = detail
+    return True
+
+
+async def release_lease(name: str, lease: str, dask_scheduler: Any = None) -> int:
+    """Drops ``lease`` on the plugin ``name``; the last one out closes and removes the plugin (run
+    on the scheduler).
+
+    Returns:
+        How many leases are left.
+    """
+    current = _internals.scheduler_plugin(dask_scheduler, name)
+    if not isinstance(current, SharedPlugin):
+        return 0
+    current.leases.pop(lease, None)
+    current.details.pop(lease, None)
+    if not current.leases:
+        await remove_unused(dask_scheduler, current)
+    return len(current.leases)
