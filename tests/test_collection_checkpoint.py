@@ -88,6 +88,7 @@ def ours_left(dask_worker) -> list:
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.timeout(300)  # long by nature; others share the 2 cores meanwhile
 def test_a_driver_killed_mid_run_resumes_from_its_last_checkpoint(client, tmp_path, mode):
     before = cluster_state(client)
     address, folder = client.scheduler.address, str(tmp_path)

@@ -20,7 +20,7 @@ def run_example(name: str, *args: str) -> str:
         [sys.executable, os.path.join(ROOT, "examples", name), *args],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=280,  # under the long tests' 300 s: a hang fails here with the script's output
     )
     assert out.returncode == 0, out.stderr[-3000:]
     # Clean runs are quiet: no warning the user did not cause.
@@ -33,6 +33,7 @@ def test_quickstart():
     assert "batch 9: shape (2, 250), collected with weights v9" in out
 
 
+@pytest.mark.timeout(300)  # long by nature; others share the 2 cores meanwhile
 def test_layouts():
     out = run_example("layouts.py", "--frames", "2000")  # the default: N = 4, three layouts
     for layout in ["1 collector(s) x 4 env(s)", "2 collector(s) x 2 env(s)", "4 collector(s) x 1 env(s)"]:
@@ -46,6 +47,7 @@ def losses_and_returns(out: str) -> tuple[list[float], list[float]]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # long by nature; others share the 2 cores meanwhile
 def test_ppo_example_learns():
     """10 PPO iterations (20k frames): CartPole's random policy averages about 22 (std 12 an episode)."""
     out = run_example("ppo_cartpole.py", "--frames", "20480", "--target", "1e9", "--seed", "0")
@@ -54,6 +56,7 @@ def test_ppo_example_learns():
     assert returns[-1] >= 100, out  # mean of 20 episodes: ~30 standard errors above a random policy
 
 
+@pytest.mark.timeout(300)  # long by nature; others share the 2 cores meanwhile
 def test_ppo_example_stops_and_resumes_from_its_checkpoint(tmp_path):
     """Stopped after 2 of 4 batches, as a job past its walltime, then started again on the checkpoint."""
     ckpt = str(tmp_path / "ckpt.pt")
@@ -67,6 +70,7 @@ def test_ppo_example_stops_and_resumes_from_its_checkpoint(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # long by nature; others share the 2 cores meanwhile
 def test_dqn_example_learns():
     """20k DQN frames, async, 5 greedy evaluations: the best beats a random policy (about 22) by far.
 

@@ -49,6 +49,7 @@ def actors(dask_worker) -> int:
     return len(dask_worker.state.actors)
 
 
+@pytest.mark.timeout(300)  # long by nature; others share the 2 cores meanwhile
 def test_a_driver_restarted_within_the_grace_period_takes_over_its_collectors(client, tmp_path):
     before = cluster_state(client)
     address, folder = client.scheduler.address, str(tmp_path)

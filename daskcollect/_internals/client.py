@@ -7,16 +7,13 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from daskcollect._internals.versions import missing
+from daskcollect._internals.versions import attribute, missing
 
 
 # --- client side ------------------------------------------------------------
 async def cancel(client: Any, futures: list, reason: str) -> None:
     """Cancels ``futures`` from the client's event loop (``Client.cancel`` would block it)."""
-    try:
-        method = client._cancel
-    except AttributeError as exc:
-        raise missing("Client._cancel", exc) from None
+    method = attribute(client, "_cancel", "Client._cancel")
     await method(futures, reason=reason)
 
 
@@ -28,10 +25,7 @@ def stop_loop(owner: Any) -> None:
     its constructor: both leave their ``IO loop`` thread running for the life of
     the process. Stopping an already-stopped loop does nothing.
     """
-    try:
-        runner = owner._loop_runner
-    except AttributeError as exc:
-        raise missing(f"{type(owner).__name__}._loop_runner", exc) from None
+    runner = attribute(owner, "_loop_runner", f"{type(owner).__name__}._loop_runner")
     runner.stop()
 
 
@@ -41,10 +35,7 @@ def worker_identities(client: Any, timeout: float) -> dict[str, dict[str, Any]]:
     ``Client.scheduler_info()`` returns a cache that the client's periodic
     refresh overwrites with a summary without workers, and has no timeout.
     """
-    try:
-        identity = client.scheduler.identity
-    except AttributeError as exc:
-        raise missing("Client.scheduler.identity", exc) from None
+    identity = attribute(client, "scheduler.identity", "Client.scheduler.identity")
     return client.sync(identity, n_workers=-1, callback_timeout=timeout)["workers"]
 
 
@@ -116,10 +107,7 @@ def unwrap_actor_result(answer: dict[str, Any]) -> dict[str, Any]:
 
 def rpc(owner: Any, address: str) -> Any:
     """A pooled RPC to ``address`` from a ``Worker`` or a ``Client`` (``rpc(...).<handler>(...)``)."""
-    try:
-        pool = owner.rpc
-    except AttributeError as exc:
-        raise missing(f"{type(owner).__name__}.rpc", exc) from None
+    pool = attribute(owner, "rpc", f"{type(owner).__name__}.rpc")
     return pool(address)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from daskcollect._internals.versions import missing
+from daskcollect._internals.versions import attribute, missing, names
 
 
 # --- scheduler side ---------------------------------------------------------
@@ -58,36 +58,24 @@ def scheduler_plugin(scheduler: Any, name: str) -> Any | None:
 
 def scheduler_plugin_names(scheduler: Any) -> list[str]:
     """The names of the scheduler's plugins."""
-    try:
-        return sorted(map(str, scheduler.plugins))
-    except AttributeError as exc:
-        raise missing("Scheduler.plugins", exc) from None
+    return names(scheduler, "plugins", "Scheduler.plugins")
 
 
 async def add_scheduler_plugin(scheduler: Any, plugin: Any, name: str) -> None:
     """Registers ``plugin`` as ``name`` from inside the scheduler, as ``Client.register_plugin`` does."""
-    try:
-        register = scheduler.register_scheduler_plugin
-    except AttributeError as exc:
-        raise missing("Scheduler.register_scheduler_plugin", exc) from None
+    register = attribute(scheduler, "register_scheduler_plugin", "Scheduler.register_scheduler_plugin")
     await register(plugin, name=name, idempotent=False)
 
 
 def remove_scheduler_plugin(scheduler: Any, name: str) -> None:
     """Removes the scheduler plugin ``name`` from inside the scheduler (its ``close`` is the caller's)."""
-    try:
-        remove = scheduler.remove_plugin
-    except AttributeError as exc:
-        raise missing("Scheduler.remove_plugin", exc) from None
+    remove = attribute(scheduler, "remove_plugin", "Scheduler.remove_plugin")
     remove(name=name)
 
 
 def registered_worker_plugins(scheduler: Any) -> list[str]:
     """The names of the worker plugins the scheduler holds (and gives workers that join)."""
-    try:
-        return sorted(map(str, scheduler.worker_plugins))
-    except AttributeError as exc:
-        raise missing("Scheduler.worker_plugins", exc) from None
+    return names(scheduler, "worker_plugins", "Scheduler.worker_plugins")
 
 
 async def unregister_worker_plugin(scheduler: Any, name: str) -> None:
@@ -110,18 +98,12 @@ def connected_clients(scheduler: Any) -> set[str]:
 
 def handler_names(server: Any) -> list[str]:
     """The RPC handlers a scheduler or worker answers."""
-    try:
-        return sorted(map(str, server.handlers))
-    except AttributeError as exc:
-        raise missing(f"{type(server).__name__}.handlers", exc) from None
+    return names(server, "handlers", f"{type(server).__name__}.handlers")
 
 
 def task_keys(scheduler: Any) -> list[str]:
     """The keys of every task the scheduler knows."""
-    try:
-        return sorted(map(str, scheduler.tasks))
-    except AttributeError as exc:
-        raise missing("Scheduler.tasks", exc) from None
+    return names(scheduler, "tasks", "Scheduler.tasks")
 
 
 def add_http_routes(scheduler: Any, routes: list[tuple]) -> Callable[[], None] | None:
@@ -188,10 +170,7 @@ def worker_addresses_by_name(scheduler: Any) -> dict[str, str]:
 
 def subscribed_topics(scheduler: Any) -> list[str]:
     """The event topics that some client subscribes to on ``scheduler``."""
-    try:
-        topics = scheduler._broker._topics
-    except AttributeError as exc:
-        raise missing("Scheduler._broker._topics", exc) from None
+    topics = attribute(scheduler, "_broker._topics", "Scheduler._broker._topics")
     return sorted(str(name) for name, topic in topics.items() if topic.subscribers)
 
 
@@ -218,8 +197,5 @@ def drop_dataset(scheduler: Any, name: str) -> bool:
 
 def workers_to_close(scheduler: Any, n: int | None, memory_ratio: float | None) -> list[str]:
     """The workers Dask's ``retire_workers(n=..., memory_ratio=...)`` would choose."""
-    try:
-        choose = scheduler.workers_to_close
-    except AttributeError as exc:
-        raise missing("Scheduler.workers_to_close", exc) from None
+    choose = attribute(scheduler, "workers_to_close", "Scheduler.workers_to_close")
     return list(choose(n=n, memory_ratio=memory_ratio))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import distributed
 from packaging.version import Version
@@ -38,3 +39,19 @@ def missing(what: str, exc: BaseException) -> DaskVersionError:
         internal=what,
         version=distributed.__version__,
     )
+
+
+def attribute(owner: Any, path: str, what: str) -> Any:
+    """``owner.<path>`` (a dotted path); a :class:`DaskVersionError` naming ``what`` where it is gone."""
+    value = owner
+    try:
+        for name in path.split("."):
+            value = getattr(value, name)
+    except AttributeError as exc:
+        raise missing(what, exc) from None
+    return value
+
+
+def names(owner: Any, path: str, what: str) -> list[str]:
+    """The keys (or items) of ``owner.<path>`` as sorted strings (see :func:`attribute`)."""
+    return sorted(map(str, attribute(owner, path, what)))

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from daskcollect._internals.versions import missing
+from daskcollect._internals.versions import attribute, missing, names
 
 
 # --- worker side ------------------------------------------------------------
@@ -59,10 +59,7 @@ async def run_actor_method(worker: Any, key: str, method: str, *args: Any) -> di
     Raises:
         KeyError: If the worker no longer holds the actor.
     """
-    try:
-        execute = worker.actor_execute
-    except AttributeError as exc:
-        raise missing("Worker.actor_execute", exc) from None
+    execute = attribute(worker, "actor_execute", "Worker.actor_execute")
     return await execute(actor=key, function=method, args=args)
 
 
@@ -111,10 +108,7 @@ async def fetch_from_peers(worker: Any, key: str, order: Callable[[list[str]], l
 
 def drop_periodic_callbacks(server: Any, names: tuple[str, ...]) -> list[str]:
     """Stops and removes ``server``'s periodic callbacks of those ``names``; the names it had."""
-    try:
-        callbacks = server.periodic_callbacks
-    except AttributeError as exc:
-        raise missing(f"{type(server).__name__}.periodic_callbacks", exc) from None
+    callbacks = attribute(server, "periodic_callbacks", f"{type(server).__name__}.periodic_callbacks")
     dropped = [name for name in names if name in callbacks]
     for name in dropped:
         callbacks.pop(name).stop()
@@ -123,10 +117,7 @@ def drop_periodic_callbacks(server: Any, names: tuple[str, ...]) -> list[str]:
 
 def local_data(worker: Any, key: str) -> Any | None:
     """The value of ``key`` in the worker's memory, or ``None``."""
-    try:
-        data = worker.data
-    except AttributeError as exc:
-        raise missing("Worker.data", exc) from None
+    data = attribute(worker, "data", "Worker.data")
     return data[key] if key in data else None
 
 
@@ -134,10 +125,7 @@ async def read_variable(worker: Any, name: str, timeout: float) -> Any | None:
     """The value of the Dask ``Variable`` ``name`` (one set from a ``Client``), read from inside a worker
     through the scheduler's variable handler, as ``Variable.get`` does; ``None`` if it is not set within
     ``timeout`` seconds. Only msgpack-able values."""
-    try:
-        scheduler = worker.scheduler
-    except AttributeError as exc:
-        raise missing("Worker.scheduler", exc) from None
+    scheduler = attribute(worker, "scheduler", "Worker.scheduler")
     try:
         record = await scheduler.variable_get(name=name, client=worker.id, timeout=timeout)
     except (TimeoutError, asyncio.TimeoutError):
@@ -165,15 +153,9 @@ def worker_plugins(worker: Any) -> dict[str, Any]:
 
 def data_keys(worker: Any) -> list[str]:
     """The keys of the data the worker holds in memory."""
-    try:
-        return sorted(map(str, worker.data))
-    except AttributeError as exc:
-        raise missing("Worker.data", exc) from None
+    return names(worker, "data", "Worker.data")
 
 
 def held_actors(worker: Any) -> list[str]:
     """The keys of the actors the worker hosts."""
-    try:
-        return sorted(map(str, worker.state.actors))
-    except AttributeError as exc:
-        raise missing("Worker.state.actors", exc) from None
+    return names(worker, "state.actors", "Worker.state.actors")

@@ -98,8 +98,7 @@ class BackgroundAPI:
     replay_buffer: Any
     settings: Any
 
-    def _check_open(self) -> None:  # pragma: no cover - the collector's
-        raise NotImplementedError
+    _check_open: Callable[[], None]  # the collector's: raises once it is closed
 
     def start(self) -> None:
         """Collects in the background into ``replay_buffer=`` until ``total_frames`` or ``shutdown()``.

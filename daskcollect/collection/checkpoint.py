@@ -18,7 +18,7 @@ new trajectories from its restored random-number generators.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from daskcollect.errors import ConfigurationError
@@ -189,8 +189,7 @@ class CheckpointAPI:
     frames_per_batch: int
     total_frames: int
 
-    def _check_open(self) -> None:  # pragma: no cover - the collector's
-        raise NotImplementedError
+    _check_open: Callable[[], None]  # the collector's: raises once it is closed
 
     def state_dict(self) -> OrderedDict:
         """A checkpoint: the driver's counters and, for each collector, where it stood after the

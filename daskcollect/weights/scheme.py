@@ -309,8 +309,7 @@ class WeightsAPI:
     _engine: Any
     policy: Any
 
-    def _check_open(self) -> None:  # pragma: no cover - the collector's
-        raise NotImplementedError
+    _check_open: Callable[[], None]  # the collector's: raises once it is closed
 
     def update_policy_weights_(
         self,
