@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -110,8 +111,13 @@ def test_the_scheduler_process_goes_when_the_driver_is_killed(tmp_path):
             """
         )
     )
+    # A shared-memory folder of the test's own: a driver of another test (a second xdist worker) would
+    # remove the killed driver's folder from /dev/shm as stale before this test looks at it.
+    shm = os.path.join(SHARED_MEMORY, f"daskcollect-test-{os.getpid()}-{tmp_path.name}")
+    os.makedirs(shm)
+    env = {**os.environ, "DASK_DASKCOLLECT__WEIGHTS__SHARED_MEMORY_DIR": shm}
     driver = subprocess.Popen(
-        [sys.executable, str(script)], stderr=subprocess.DEVNULL, start_new_session=True
+        [sys.executable, str(script)], stderr=subprocess.DEVNULL, start_new_session=True, env=env
     )
     try:
         assert wait_until(pid_file.exists, timeout=120), driver.poll()
@@ -121,10 +127,11 @@ def test_the_scheduler_process_goes_when_the_driver_is_killed(tmp_path):
         driver.wait(timeout=30)
         assert wait_until(lambda: not psutil.pid_exists(scheduler), timeout=15)
         # Its shared-memory folder stays until the next driver starts, which removes it.
-        left = [f for f in os.listdir(SHARED_MEMORY) if f.startswith(f"daskcollect-{driver.pid}-")]
+        left = [f for f in os.listdir(shm) if f.startswith(f"daskcollect-{driver.pid}-")]
         assert len(left) == 1
-        remove_stale(SHARED_MEMORY)
-        assert not os.path.exists(os.path.join(SHARED_MEMORY, left[0]))
+        remove_stale(shm)
+        assert not os.path.exists(os.path.join(shm, left[0]))
     finally:
+        shutil.rmtree(shm, ignore_errors=True)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(driver.pid, signal.SIGKILL)
