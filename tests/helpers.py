@@ -77,6 +77,14 @@ def wait_until(predicate, timeout: float = 20.0, interval: float = 0.1) -> bool:
     return predicate()
 
 
+def changes_left(client: Client, before: dict, timeout: float) -> list[str]:
+    """What still differs from ``before`` (a ``testing.cluster_state``) after waiting up to ``timeout``."""
+    from daskcollect.testing import cluster_state, differences
+
+    wait_until(lambda: differences(before, cluster_state(client)) == [], timeout=timeout)
+    return differences(before, cluster_state(client))
+
+
 def actors_on(client: Client) -> dict[str, list[str]]:
     """The actor keys held by each worker."""
     return client.run(lambda dask_worker: [str(k) for k in dask_worker.state.actors])

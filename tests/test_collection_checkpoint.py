@@ -15,12 +15,12 @@ import signal
 import pytest
 import torch
 from audit import audit, flat, saved_batches
-from helpers import Forked, wait_until
+from helpers import Forked, changes_left, wait_until
 from makers import cartpole_policy, make_cartpole, make_stateless_pendulum, pendulum_policy
 from resumable_driver import FRAMES_PER_BATCH, TOTAL_FRAMES
 
 from daskcollect import ConfigurationError, DaskCollector
-from daskcollect.testing import cluster_state, differences
+from daskcollect.testing import cluster_state
 
 
 def pendulum_collector(client, sync: bool = True, total_frames: int = 320) -> DaskCollector:
@@ -112,7 +112,7 @@ def test_a_driver_killed_mid_run_resumes_from_its_last_checkpoint(client, tmp_pa
                            num_collectors=2, client=client) as reference:  # fmt: skip
             for ours, theirs in zip(batches, reference, strict=True):
                 assert torch.equal(ours["th"], theirs["th"]) and torch.equal(ours["action"], theirs["action"])
-    wait_until(lambda: differences(before, cluster_state(client)) == [], timeout=30)
+    assert changes_left(client, before, timeout=30) == []
     seconds = float(open(os.path.join(folder, "resumed_in.txt")).read())
     recollected = int(open(os.path.join(folder, "recollected.txt")).read())
     print(f"{mode}: resumed to its first batch in {seconds:.2f} s; {recollected} frames collected again")

@@ -100,6 +100,8 @@ async def test_the_scheduler_and_worker_internals_answer_as_dask_does(c, s, a, b
             break
         await asyncio.sleep(0.01)
     assert "daskcollect-test-topic" in _internals.subscribed_topics(s)
+    assert "daskcollect-test-topic" in _internals.forget_subscriber(s, c.id)
+    assert "daskcollect-test-topic" not in _internals.subscribed_topics(s)
 
     async def daskcollect_test_echo(value: int) -> int:
         return value + 1

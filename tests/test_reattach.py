@@ -15,13 +15,13 @@ import dask
 import pytest
 import torch
 from audit import audit, saved_batches
-from helpers import Forked, wait_until
+from helpers import Forked, changes_left, wait_until
 from makers import envs_built, make_stateless_pendulum, pendulum_policy
 from resumable_driver import FRAMES_PER_BATCH, TOTAL_FRAMES
 
 from daskcollect import ConfigurationError, DaskCollector
 from daskcollect.reattach.driver import RUN_PREFIX
-from daskcollect.testing import cluster_state, differences
+from daskcollect.testing import cluster_state
 
 
 def run_driver(address: str, folder: str, mode: str, grace: str) -> Forked:
@@ -73,7 +73,7 @@ def test_a_driver_restarted_within_the_grace_period_takes_over_its_collectors(cl
                        num_collectors=2, client=client) as reference:  # fmt: skip
         for ours, theirs in zip(batches, reference, strict=True):
             assert torch.equal(ours["th"], theirs["th"]) and torch.equal(ours["action"], theirs["action"])
-    wait_until(lambda: differences(before, cluster_state(client)) == [], timeout=30)
+    assert changes_left(client, before, timeout=30) == []
     seconds = float(open(os.path.join(folder, "resumed_in.txt")).read())
     recollected = int(open(os.path.join(folder, "recollected.txt")).read())
     print(f"re-attached: resumed to its first batch in {seconds:.2f} s; {recollected} frames collected again")
@@ -84,7 +84,7 @@ def test_after_the_grace_period_nothing_of_a_killed_driver_is_left(client, tmp_p
     address, folder = client.scheduler.address, str(tmp_path)
     built = sum(client.run(envs_built, callback_timeout=30).values())
     kill_after(run_driver(address, folder, "async", "3s"), folder, batches=5)
-    wait_until(lambda: differences(before, cluster_state(client)) == [], timeout=60)
+    assert changes_left(client, before, timeout=60) == []
     assert runs(client) == []
     # A driver started later resumes from the checkpoint with new collectors.
     resumed = run_driver(address, folder, "async", "3s")
@@ -92,7 +92,7 @@ def test_after_the_grace_period_nothing_of_a_killed_driver_is_left(client, tmp_p
     assert ast.literal_eval(open(os.path.join(folder, "reattached.txt")).read()) == []
     assert sum(client.run(envs_built, callback_timeout=30).values()) == built + 4
     audit(saved_batches(folder), TOTAL_FRAMES)
-    wait_until(lambda: differences(before, cluster_state(client)) == [], timeout=30)
+    assert changes_left(client, before, timeout=30) == []
 
 
 def test_a_run_its_driver_still_runs_is_not_taken_over(client):

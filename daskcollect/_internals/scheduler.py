@@ -174,6 +174,19 @@ def subscribed_topics(scheduler: Any) -> list[str]:
     return sorted(str(name) for name, topic in topics.items() if topic.subscribers)
 
 
+def forget_subscriber(scheduler: Any, client: str) -> list[str]:
+    """Unsubscribes the departed ``client`` from every event topic; returns the topics it left.
+
+    Dask keeps a disconnected client's subscriptions for good (only its events are truncated, after
+    ``distributed.scheduler.events-cleanup-delay``), so a killed driver would leave them behind.
+    """
+    topics = attribute(scheduler, "_broker._topics", "Scheduler._broker._topics")
+    left = sorted(str(name) for name, topic in topics.items() if client in topic.subscribers)
+    for name in left:
+        scheduler.unsubscribe_topic(name, client)
+    return left
+
+
 def published_datasets(scheduler: Any) -> list[str]:
     """The names of the datasets published on ``scheduler`` (``Client.list_datasets``, from inside)."""
     try:

@@ -37,6 +37,9 @@ class SharedPlugin(SchedulerPlugin):
         details = [self.details.pop(lease) for lease in gone if lease in self.details]
         for lease in gone:
             del self.leases[lease]
+        if gone:
+            # A driver that died without closing leaves its event subscriptions: Dask never drops them.
+            _internals.forget_subscriber(scheduler, client)
         if details:
             self.orphaned(scheduler, details)
         if gone and not self.leases:
