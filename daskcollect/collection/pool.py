@@ -350,8 +350,12 @@ class ActorPool:
             actor answered within ``daskcollect.timeouts.rollout``.
         """
         alive = self.live_workers()
-        found = [m for m in members if m.address in alive and m.future.status == "finished"]
+        found = [m for m in members if m.address in alive]
         with self.client.as_current():
+            # A future from a dataset is "pending" until the scheduler reports its key to this client.
+            with contextlib.suppress(TimeoutError):
+                wait([m.future for m in found], timeout=self.settings.timeouts.call)
+            found = [m for m in found if m.future.status == "finished"]
             actors = [(m, m.future.result(timeout=self.settings.timeouts.call)) for m in found]
         calls = [(m, actor, actor.rebind(self.template)) for m, actor in actors]
         slots = []
