@@ -124,6 +124,10 @@ class CompletionStreams:
             cause = f"its stream closed ({exc})"
         except asyncio.CancelledError:
             return
+        except Exception as exc:  # an answer that did not deserialize: the stream cannot go on
+            logger.warning("collector %d: unreadable answer (%s: %s)", uid, type(exc).__name__, exc)
+            cause = f"its answer could not be read ({type(exc).__name__}: {exc})"
+            comm.abort()
         self._senders.pop(uid, None)
         self._on_answer(uid, None, cause)
 

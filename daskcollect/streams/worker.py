@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from typing import Any
 
 import dask
@@ -116,7 +117,9 @@ def install(worker: Any) -> None:
     async def daskcollect_stream(comm: Any, actor: str) -> Any:
         requests: asyncio.Queue = asyncio.Queue()
         out = Sender(comm)
-        runner = asyncio.ensure_future(_run(worker, actor, requests, out))
+        # Names this stream's schema on the driver (streams.packing): a new stream gets it again.
+        token = secrets.randbits(63)
+        runner = asyncio.ensure_future(_run(worker, actor, requests, out, token))
         serving[actor] = comm.local_address
         try:
             while not runner.done():
@@ -135,12 +138,12 @@ def install(worker: Any) -> None:
     _internals.add_handlers(worker, {OPEN: daskcollect_stream})
 
 
-async def _run(worker: Any, actor: str, requests: asyncio.Queue, out: Sender) -> None:
+async def _run(worker: Any, actor: str, requests: asyncio.Queue, out: Sender, token: int) -> None:
     """Runs the queued rollout requests one after the other and pushes each answer."""
     while True:
         weights = await requests.get()
         try:
-            answer = await _internals.run_actor_method(worker, actor, "rollout_serialized", weights)
+            answer = await _internals.run_actor_method(worker, actor, "rollout_serialized", weights, token)
         except KeyError:  # the actor was released: the driver has dropped this collector
             return
         except Exception as exc:  # raised outside the rollout (Dask's runner): still an answer

@@ -29,6 +29,7 @@ from daskcollect.collection.memmap import check_writable, write_batch
 from daskcollect.errors import RolloutError, SharedFilesystemError
 from daskcollect.monitoring.worker import EpisodeTracker, TimeSplit
 from daskcollect.streams import worker as stream
+from daskcollect.streams.packing import Packer
 from daskcollect.weights import tree
 from daskcollect.weights.payload import WeightsRef
 from daskcollect.worker import checkpoint
@@ -71,6 +72,7 @@ class CollectorActor:
         self._shared = spec.shared_memory is not None and spec.shared_memory.matches()
         self._episodes = EpisodeTracker()
         self._split = TimeSplit()
+        self._packer = Packer()
         with scoped_env(spec.worker_env):  # its collection's variables, whatever another one set
             self._build()
         if spec.seed is not None:
@@ -175,13 +177,19 @@ class CollectorActor:
         with self._busy, scoped_env(self.spec.worker_env):
             return self._rollout(weights)
 
-    def rollout_serialized(self, weights: WeightsRef | None = None) -> Any:
-        """:meth:`rollout`, serialized for its completion stream here, in the actor's thread.
+    def rollout_serialized(self, weights: WeightsRef | None = None, stream_token: int | None = None) -> Any:
+        """:meth:`rollout`, packed and serialized for its completion stream here, in the actor's thread.
 
-        The worker's event loop then only writes the frames (see
-        :func:`daskcollect.streams.worker.serialized`).
+        The batch travels as one buffer, its schema once per stream (``stream_token``,
+        :mod:`daskcollect.streams.packing`); the worker's event loop then only
+        writes the frames (see :func:`daskcollect.streams.worker.serialized`).
         """
-        return stream.serialized(self.rollout(weights))
+        rollout = self.rollout(weights)
+        if stream_token is not None and rollout.batch is not None:
+            packed = self._packer.pack(rollout.batch, stream_token)
+            if packed is not None:
+                rollout = dataclasses.replace(rollout, batch=packed)
+        return stream.serialized(rollout)
 
     def _rollout(self, weights: WeightsRef | None) -> Rollout:
         start, cpu0 = time.perf_counter(), time.thread_time()
