@@ -150,7 +150,8 @@ class ActorPool:
         self._slots: list[Slot] = []
         self._next_uid = 0
         self._token = uuid.uuid4().hex[:8]
-        self._inflight: set[InFlight] = set()
+        #: The calls not consumed yet, in the order they were sent (a dict as an ordered set).
+        self._inflight: dict[InFlight, None] = {}
         # Dask's as_completed does not wait for actor futures (its wait() sees no
         # Future in them and returns at once), so completions are tracked here.
         self._completed: queue.SimpleQueue[InFlight] = queue.SimpleQueue()
@@ -194,7 +195,8 @@ class ActorPool:
         """Drops ``slot``'s calls in flight and deletes its actor; returns the calls dropped."""
         with self.lock:
             dropped = [f for f in self._inflight if f.slot is slot]
-            self._inflight.difference_update(dropped)  # if one completes, next_completion ignores it
+            for flight in dropped:  # if one completes, next_completion ignores it
+                self._inflight.pop(flight, None)
             slot.inflight = 0
             self._slots = [s for s in self._slots if s is not slot]
             self._calls.pop(slot.uid, None)
@@ -455,7 +457,7 @@ class ActorPool:
             if slot.retiring:
                 return False
             flight = InFlight(slot, weights, version=version)
-            self._inflight.add(flight)
+            self._inflight[flight] = None
             slot.inflight += 1
             self._calls.setdefault(slot.uid, deque()).append(flight)
         self._streams.request(slot.uid, weights.ref if weights is not None else None)
@@ -501,18 +503,18 @@ class ActorPool:
         """Raises :class:`CollectorLost` for a rollout that outran ``timeout``; else the seconds until
         the oldest one running could (``timeout`` when none runs)."""
         now = time.monotonic()
-        oldest = min((f.started for f in self.running()), default=None)
+        with self.lock:  # the first call not done is the oldest running: calls start in order
+            oldest = next((f for f in self._inflight if not f.done()), None)
         if oldest is None:
             return timeout
-        if now - oldest > timeout:
-            flight = next(f for f in self.running() if f.started == oldest)
+        if now - oldest.started > timeout:
             raise CollectorLost(
-                flight.slot,
+                oldest.slot,
                 f"its rollout ran for more than {timeout:g}s (daskcollect.timeouts.rollout); "
                 "an env may be stuck in step()",
                 hung=True,
             )
-        return oldest + timeout - now
+        return oldest.started + timeout - now
 
     def next_completion(self, timeout: float) -> tuple[Slot, Rollout]:
         """Waits for the next finished rollout, in completion order.
@@ -542,7 +544,7 @@ class ActorPool:
             with self.lock:
                 if flight not in self._inflight:
                     continue  # the call of a removed collector
-                self._inflight.discard(flight)
+                self._inflight.pop(flight, None)
                 flight.slot.inflight -= 1
             try:
                 out: Rollout = flight.result()
