@@ -56,6 +56,7 @@ def _validate(section: dict) -> None:
     validator = jsonschema.Draft7Validator(_schema())
     error = next(iter(sorted(validator.iter_errors(section), key=lambda e: list(e.path))), None)
     if error is None:
+        _check_event_loop(section)
         return
     key = ".".join(["daskcollect", *map(str, error.absolute_path)])
     shown = "" if isinstance(error.instance, dict) else f" = {error.instance!r}"
@@ -65,6 +66,25 @@ def _validate(section: dict) -> None:
         "are in daskcollect/daskcollect.yaml.",
         key=key,
     )
+
+
+def _check_event_loop(section: dict) -> None:
+    """A private cluster asked to run on uvloop needs it installed (Dask would fail in each process)."""
+    key = "daskcollect.local-cluster.cluster-config.distributed.admin.event-loop"
+    loop = (section["local-cluster"]["cluster-config"] or {}).get("distributed.admin.event-loop", "asyncio")
+    if loop not in ("asyncio", "tornado", "uvloop"):
+        raise ConfigurationError(
+            f"dask config {key} = {loop!r} is invalid: Dask runs 'asyncio', 'tornado' or 'uvloop'.", key=key
+        )
+    try:
+        if loop == "uvloop":
+            import uvloop  # noqa: F401
+    except ImportError:
+        raise ConfigurationError(
+            f"dask config {key} = 'uvloop', but uvloop is not installed. Install it (pip install uvloop; "
+            "it is a dependency of daskcollect except on Windows), or set that key to 'asyncio'.",
+            key=key,
+        ) from None
 
 
 def _seconds(section: dict, key: str, optional: bool = False) -> float | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import os
@@ -162,6 +163,14 @@ def test_private_cluster_default_size(sync):
         assert collector.num_collectors == os.cpu_count()
         assert len(collector.client.scheduler_info(n_workers=-1)["workers"]) == os.cpu_count()
         assert len(list(collector)) == 2
+        # Driver, scheduler and workers run uvloop (local-cluster.cluster-config).
+        assert type(collector.client.loop.asyncio_loop).__module__.startswith("uvloop")
+        assert collector.client.run_on_scheduler(loop_module).startswith("uvloop")
+        assert all(m.startswith("uvloop") for m in collector.client.run(loop_module).values())
+
+
+async def loop_module() -> str:
+    return type(asyncio.get_running_loop()).__module__
 
 
 def test_a_scheduler_file_that_never_appears_is_a_clear_error(tmp_path):

@@ -7,6 +7,7 @@ import asyncio
 import warnings
 from pathlib import Path
 
+import dask
 import distributed
 import pytest
 import torch
@@ -130,6 +131,15 @@ def test_sync_runs_a_coroutine_on_another_threads_loop(client):
         return x + y
 
     assert _internals.sync(client.loop, add, 2, 3, callback_timeout=10) == 5
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_run_loop_runs_the_loop_dasks_config_names(loop):
+    async def kind() -> str:
+        return type(asyncio.get_running_loop()).__module__.split(".")[0]
+
+    with dask.config.set({"distributed.admin.event-loop": loop}):
+        assert _internals.run_loop(kind()) == loop
 
 
 def test_torchrls_and_tensordicts_internals_are_where_the_fence_looks():

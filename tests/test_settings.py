@@ -43,6 +43,21 @@ def test_a_bad_value_names_its_key(key, value):
     assert named in str(info.value) and info.value.key.startswith(named)
 
 
+@pytest.mark.parametrize(("loop", "message"), [("fast", "'asyncio', 'tornado' or 'uvloop'"), (None, None)])
+def test_the_private_clusters_event_loop_is_checked(loop, message):
+    """uvloop by default (docs/benchmarks.md, P7); a loop Dask does not run is named before any cluster."""
+    config = Settings.load().local_cluster_config
+    assert config["distributed.admin.event-loop"] == "uvloop"
+    if loop is None:
+        return
+    with dask.config.set(
+        {"daskcollect.local-cluster.cluster-config": {**config, "distributed.admin.event-loop": loop}}
+    ):
+        with pytest.raises(ConfigurationError, match=message) as info:
+            Settings.load()
+    assert info.value.key.endswith("distributed.admin.event-loop")
+
+
 def test_environment_variables_with_underscores_are_read():
     """DASK_DASKCOLLECT__ASYNC_DEPTH=1 spells the key with "_", as dask.config allows."""
     with dask.config.set({"daskcollect.async_depth": 3, "daskcollect.timeouts.actor_start": "5s"}):

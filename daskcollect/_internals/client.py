@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,16 @@ async def cancel(client: Any, futures: list, reason: str) -> None:
     """Cancels ``futures`` from the client's event loop (``Client.cancel`` would block it)."""
     method = attribute(client, "_cancel", "Client._cancel")
     await method(futures, reason=reason)
+
+
+def run_loop(main: Any) -> Any:
+    """Runs the coroutine ``main`` to completion on a new event loop of the kind Dask's
+    ``distributed.admin.event-loop`` names (``distributed.config.get_loop_factory``, undocumented), as
+    Dask runs its own servers' loops."""
+    config = importlib.import_module("distributed.config")  # the module: ``distributed.config`` is a dict
+    factory = attribute(config, "get_loop_factory", "distributed.config.get_loop_factory")
+    with asyncio.Runner(loop_factory=factory()) as runner:
+        return runner.run(main)
 
 
 def stop_loop(owner: Any) -> None:

@@ -36,6 +36,7 @@ import dask.config
 from distributed import Scheduler
 from distributed.deploy.spec import ProcessInterface
 
+from daskcollect import _internals
 from daskcollect.collection.polling import apoll_until
 from daskcollect.errors import ClusterConnectionError, ConfigurationError
 
@@ -178,7 +179,7 @@ def _main() -> None:
     sys.path[:] = payload["sys_path"]
     # As quiet as LocalCluster keeps an in-process scheduler (its silence_logs).
     logging.getLogger("distributed").setLevel(logging.WARNING)
-    asyncio.run(_serve(payload["kwargs"], payload["parent"]))
+    _internals.run_loop(_serve(payload["kwargs"], payload["parent"]))  # uvloop where Dask's config says so
 
 
 if __name__ == "__main__":
