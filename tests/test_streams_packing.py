@@ -53,8 +53,18 @@ def test_a_batch_travels_as_one_buffer_and_comes_back_equal(make):
     back, frames = through_dask(Packer().pack(td, stream=1))
     assert_same(td, back)
     assert len(frames) == 2  # the header, and one buffer for every leaf
-    (buffer,) = {t.untyped_storage().data_ptr() for t in back.values(True, True)}  # views over one frame
-    assert buffer == torch.frombuffer(frames[1], dtype=torch.uint8).data_ptr()
+    start = torch.frombuffer(frames[1], dtype=torch.uint8).data_ptr()
+    leaves = list(back.values(True, True))
+    storages = {t.untyped_storage().data_ptr() for t in leaves}
+    assert all(start <= ptr < start + len(frames[1]) for ptr in storages)  # views over the frame, no copy
+    assert len(storages) == len({t.dtype for t in leaves})  # one storage per dtype
+
+
+def test_a_rebuilt_batch_saves_and_loads_with_torch(tmp_path):
+    """Each dtype's leaves view a storage of their own: torch.save refuses a storage seen as two dtypes."""
+    back, _ = through_dask(Packer().pack(rollout_td(), stream=1))
+    torch.save(back, tmp_path / "batch.pt")
+    assert_same(back, torch.load(tmp_path / "batch.pt", weights_only=False))
 
 
 def test_the_schema_travels_once_per_stream_and_again_when_it_changes():

@@ -9,7 +9,8 @@ and the layout (:class:`Schema`: each TensorDict's batch size and device, each
 leaf's key, dtype, shape and offset) travels only with a stream's first batch
 and when it changes, as tensordict's ``TensorDictPipe`` sends a schema once.
 The driver rebuilds the TensorDict as views over the frame it received, with no
-copy: one strided view per leaf, from one typed view per dtype.
+copy: one strided view per leaf, over one tensor per dtype (each its own storage, so that
+``torch.save`` takes the batch as it takes any other).
 
 Only plain TensorDicts of CPU tensors are packed (no lazy stacks, non-tensor
 data or gradients); anything else keeps the leaf-by-leaf path of
@@ -29,7 +30,7 @@ import torch
 from tensordict import TensorDict
 
 from daskcollect import _internals
-from daskcollect.streams.serialization import byte_view, from_byte_view
+from daskcollect.streams.serialization import byte_view
 
 #: Leaves start at multiples of this many bytes: any dtype's view lines up, and so do cache lines.
 ALIGN = 64
@@ -48,7 +49,7 @@ class Leaf:
     dtype: torch.dtype
     shape: tuple[int, ...]
     stride: tuple[int, ...]
-    #: Offset in elements of ``dtype`` from the buffer's start.
+    #: Offset in elements from the start of its dtype's region.
     offset: int
 
 
@@ -65,10 +66,16 @@ class Node:
 
 @dataclass(frozen=True)
 class Schema:
-    """A packed batch's layout: the root :class:`Node`, the dtypes used and the buffer's size."""
+    """A packed batch's layout: the root :class:`Node`, one region per dtype and the buffer's size.
+
+    The leaves of one dtype lie together in their region, each region starting at a multiple of
+    :data:`ALIGN`: the driver views each region as a tensor of its own, so no storage is viewed as two
+    dtypes (``torch.save`` refuses that).
+    """
 
     root: Node
-    dtypes: tuple[torch.dtype, ...]
+    #: ``(dtype, byte offset, elements)`` per region.
+    regions: tuple[tuple[torch.dtype, int, int], ...]
     nbytes: int
 
 
@@ -100,12 +107,11 @@ def _walk(td: Any, leaves: list[torch.Tensor], signature: list) -> bool:
 
 
 def _schema(signature: list) -> Schema:
-    """The :class:`Schema` of a signature built by :func:`_walk` (offsets aligned to :data:`ALIGN`)."""
-    position, dtypes = 0, []
+    """The :class:`Schema` of a signature built by :func:`_walk`."""
+    used: dict[torch.dtype, int] = {}  # elements placed so far in each dtype's region
     items = iter(signature)
 
     def node(head: tuple) -> Node:
-        nonlocal position
         entries: list[Leaf | tuple[str, Node]] = []
         for item in items:
             if item is None:
@@ -114,17 +120,17 @@ def _schema(signature: list) -> Schema:
                 entries.append((item, node(next(items))))
                 continue
             key, dtype, shape = item
-            size = dtype.itemsize
-            offset = -(-position // ALIGN) * ALIGN
             stride = tuple(torch.empty(shape, device="meta").stride())
-            entries.append(Leaf(key, dtype, shape, stride, offset // size))
-            position = offset + size * _numel(shape)
-            if dtype not in dtypes:
-                dtypes.append(dtype)
+            entries.append(Leaf(key, dtype, shape, stride, used.get(dtype, 0)))
+            used[dtype] = used.get(dtype, 0) + _numel(shape)
         return Node(*head, tuple(entries))
 
     root = node(next(items))
-    return Schema(root, tuple(dtypes), -(-position // ALIGN) * ALIGN)
+    regions, position = [], 0
+    for dtype, numel in used.items():
+        regions.append((dtype, position, numel))
+        position += -(-numel * dtype.itemsize // ALIGN) * ALIGN
+    return Schema(root, tuple(regions), position)
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -170,9 +176,10 @@ class Packer:
             self._signature, self._schema, self._sent_on = signature, _schema(signature), set()
         schema = self._schema
         data = torch.empty(schema.nbytes, dtype=torch.uint8)
-        typed = {dtype: data.view(dtype) for dtype in schema.dtypes}
+        typed = {dtype: (data.view(dtype), start // dtype.itemsize) for dtype, start, _ in schema.regions}
         for leaf, value in zip(_leaves(schema.root), leaves):
-            typed[leaf.dtype].as_strided(leaf.shape, leaf.stride, leaf.offset).copy_(value)
+            region, base = typed[leaf.dtype]
+            region.as_strided(leaf.shape, leaf.stride, base + leaf.offset).copy_(value)
         first = stream not in self._sent_on
         self._sent_on.add(stream)
         return Packed(stream, schema if first else None, data)
@@ -206,16 +213,26 @@ def unpack(stream: int, schema: Schema | None, frame: Any) -> TensorDict:
                 _schemas.popitem(last=False)
         else:
             schema = _schemas[stream]
-    data = from_byte_view(frame, torch.uint8, (schema.nbytes,))
-    typed = {dtype: data.view(dtype) for dtype in schema.dtypes}
-    return _rebuild(schema.root, typed)
+    view = memoryview(frame)
+    if view.readonly:
+        frame = bytearray(view)  # torch tensors must own writable memory
+    typed = {
+        dtype: torch.frombuffer(frame, dtype=dtype, count=n, offset=start)
+        if n
+        else torch.empty(0, dtype=dtype)
+        for dtype, start, n in schema.regions
+    }
+    return _rebuild(
+        schema.root, {dtype: (region, region.storage_offset()) for dtype, region in typed.items()}
+    )
 
 
-def _rebuild(node: Node, typed: dict[torch.dtype, torch.Tensor]) -> TensorDict:
+def _rebuild(node: Node, typed: dict[torch.dtype, tuple[torch.Tensor, int]]) -> TensorDict:
     values: dict[str, Any] = {}
     for entry in node.entries:
         if isinstance(entry, Leaf):
-            values[entry.key] = typed[entry.dtype].as_strided(entry.shape, entry.stride, entry.offset)
+            region, base = typed[entry.dtype]
+            values[entry.key] = region.as_strided(entry.shape, entry.stride, base + entry.offset)
         else:
             values[entry[0]] = _rebuild(entry[1], typed)
     return _new_tensordict(
