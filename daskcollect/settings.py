@@ -13,6 +13,7 @@ Users override values the usual ways: ``~/.config/dask/*.yaml``,
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -76,15 +77,12 @@ def _check_event_loop(section: dict) -> None:
         raise ConfigurationError(
             f"dask config {key} = {loop!r} is invalid: Dask runs 'asyncio', 'tornado' or 'uvloop'.", key=key
         )
-    try:
-        if loop == "uvloop":
-            import uvloop  # noqa: F401
-    except ImportError:
+    if loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
         raise ConfigurationError(
             f"dask config {key} = 'uvloop', but uvloop is not installed. Install it (pip install uvloop; "
             "it is a dependency of daskcollect except on Windows), or set that key to 'asyncio'.",
             key=key,
-        ) from None
+        )
 
 
 def _seconds(section: dict, key: str, optional: bool = False) -> float | None:

@@ -20,6 +20,7 @@ data or gradients); anything else keeps the leaf-by-leaf path of
 
 from __future__ import annotations
 
+import math
 import pickle
 import threading
 from collections import OrderedDict
@@ -30,7 +31,7 @@ import torch
 from tensordict import TensorDict
 
 from daskcollect import _internals
-from daskcollect.streams.serialization import byte_view
+from daskcollect.streams.serialization import byte_view, writable
 
 #: Leaves start at multiples of this many bytes: any dtype's view lines up, and so do cache lines.
 ALIGN = 64
@@ -122,7 +123,7 @@ def _schema(signature: list) -> Schema:
             key, dtype, shape = item
             stride = tuple(torch.empty(shape, device="meta").stride())
             entries.append(Leaf(key, dtype, shape, stride, used.get(dtype, 0)))
-            used[dtype] = used.get(dtype, 0) + _numel(shape)
+            used[dtype] = used.get(dtype, 0) + math.prod(shape)
         return Node(*head, tuple(entries))
 
     root = node(next(items))
@@ -131,13 +132,6 @@ def _schema(signature: list) -> Schema:
         regions.append((dtype, position, numel))
         position += -(-numel * dtype.itemsize // ALIGN) * ALIGN
     return Schema(root, tuple(regions), position)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for dim in shape:
-        n *= dim
-    return n
 
 
 class Packed:
@@ -164,6 +158,7 @@ class Packer:
     def __init__(self) -> None:
         self._signature: list | None = None
         self._schema: Schema | None = None
+        self._leaves: list[Leaf] = []  # the schema's leaves in the order _walk finds the tensors
         self._sent_on: set[int] = set()
 
     def pack(self, td: Any, stream: int) -> Packed | None:
@@ -174,10 +169,11 @@ class Packer:
             return None
         if signature != self._signature:
             self._signature, self._schema, self._sent_on = signature, _schema(signature), set()
+            self._leaves = _leaves(self._schema.root)
         schema = self._schema
         data = torch.empty(schema.nbytes, dtype=torch.uint8)
         typed = {dtype: (data.view(dtype), start // dtype.itemsize) for dtype, start, _ in schema.regions}
-        for leaf, value in zip(_leaves(schema.root), leaves):
+        for leaf, value in zip(self._leaves, leaves):
             region, base = typed[leaf.dtype]
             region.as_strided(leaf.shape, leaf.stride, base + leaf.offset).copy_(value)
         first = stream not in self._sent_on
@@ -213,34 +209,24 @@ def unpack(stream: int, schema: Schema | None, frame: Any) -> TensorDict:
                 _schemas.popitem(last=False)
         else:
             schema = _schemas[stream]
-    view = memoryview(frame)
-    if view.readonly:
-        frame = bytearray(view)  # torch tensors must own writable memory
+    frame = writable(frame)
+    # One tensor per region, each over a storage of its own that starts at the region.
     typed = {
         dtype: torch.frombuffer(frame, dtype=dtype, count=n, offset=start)
         if n
         else torch.empty(0, dtype=dtype)
         for dtype, start, n in schema.regions
     }
-    return _rebuild(
-        schema.root, {dtype: (region, region.storage_offset()) for dtype, region in typed.items()}
-    )
+    return _rebuild(schema.root, typed)
 
 
-def _rebuild(node: Node, typed: dict[torch.dtype, tuple[torch.Tensor, int]]) -> TensorDict:
+def _rebuild(node: Node, typed: dict[torch.dtype, torch.Tensor]) -> TensorDict:
     values: dict[str, Any] = {}
     for entry in node.entries:
         if isinstance(entry, Leaf):
-            region, base = typed[entry.dtype]
-            values[entry.key] = region.as_strided(entry.shape, entry.stride, base + entry.offset)
+            values[entry.key] = typed[entry.dtype].as_strided(entry.shape, entry.stride, entry.offset)
         else:
             values[entry[0]] = _rebuild(entry[1], typed)
     return _new_tensordict(
         values, batch_size=torch.Size(node.batch_size), device=node.device, names=node.names
     )
-
-
-def forget(stream: int) -> None:
-    """Drops ``stream``'s schema (its stream closed)."""
-    with _schemas_lock:
-        _schemas.pop(stream, None)

@@ -36,12 +36,16 @@ def byte_view(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
 
 
+def writable(data: Any) -> Any:
+    """``data``, or a writable copy of it where it is read-only: torch tensors must own writable memory."""
+    view = memoryview(data)
+    return bytearray(view) if view.readonly else data
+
+
 def from_byte_view(data: Any, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
     """The inverse of :func:`byte_view`: a tensor over ``data``'s memory (copied if read-only)."""
-    view = memoryview(data)
-    if view.readonly:
-        data = bytearray(view)  # torch tensors must own writable memory
-    if not view.nbytes:
+    data = writable(data)
+    if not memoryview(data).nbytes:
         return torch.empty(shape, dtype=dtype)  # frombuffer refuses an empty buffer
     return torch.frombuffer(data, dtype=dtype).view(shape)
 
