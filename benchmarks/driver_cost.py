@@ -23,6 +23,7 @@ each run (psutil; shared library pages counted once across them).
 
     python benchmarks/driver_cost.py --collectors 8 16 32 --pairs 3
     python benchmarks/driver_cost.py --collectors 16 --external --pairs 3
+    python benchmarks/driver_cost.py --collectors 8 16 --pairs 3 --with-dask-streams
 
 Writes benchmarks/results/driver_cost[-external].json and prints a table.
 """
@@ -68,8 +69,9 @@ def pss_mb(pids: list[int]) -> float:
 
 
 #: The driver's threads by role: Dask's event loop (the client, and in a private
-#: cluster its scheduler and nannies), which reads the completion streams, the iteration.
-THREAD_ROLES = {"IO loop": "event_loop", "MainThread": "iteration"}
+#: cluster its scheduler and nannies), which reads the completion streams of other hosts, the
+#: same-host channels' reader, the iteration.
+THREAD_ROLES = {"IO loop": "event_loop", "daskcollect-same-host": "same_host", "MainThread": "iteration"}
 ROLES = (*THREAD_ROLES.values(), "other")
 
 
@@ -127,9 +129,13 @@ def children_of(pid: int) -> list[int]:
 
 
 def run_dask(
-    n: int, args, address: str | None, worker_pids, scheduler: psutil.Process | None
+    n: int, args, address: str | None, worker_pids, scheduler: psutil.Process | None, same_host: bool = True
 ) -> dict[str, float]:
-    with dask.config.set({"daskcollect.local-cluster.scheduler-process": not args.scheduler_in_driver}):
+    config = {
+        "daskcollect.local-cluster.scheduler-process": not args.scheduler_in_driver,
+        "daskcollect.streams.same-host": same_host,
+    }
+    with dask.config.set(config):
         collector = DaskCollector(
             SleepEnvMaker(args.step), None, frames_per_batch=args.frames_per_batch, total_frames=-1,
             num_collectors=n, sync=False, client=address,
@@ -198,6 +204,11 @@ def main() -> None:
         action="store_true",
         help="the private cluster's scheduler in the driver process",
     )
+    parser.add_argument(
+        "--with-dask-streams",
+        action="store_true",
+        help="also run with daskcollect.streams.same-host off (every rollout on its Dask stream)",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
@@ -215,8 +226,11 @@ def main() -> None:
                     stop(workers, scheduler)
             else:
                 ours = run_dask(n, args, None, None, None)
-            torchrl = run_torchrl(n, args)
-            for side, r in (("dask", ours), ("torchrl", torchrl)):
+            runs = [("dask", ours)]
+            if args.with_dask_streams:
+                runs.append(("dask_streams", run_dask(n, args, None, None, None, same_host=False)))
+            runs.append(("torchrl", run_torchrl(n, args)))
+            for side, r in runs:
                 r["fps/ideal"] = r["fps"] / (n * one)
                 raw.setdefault(str(n), {}).setdefault(side, []).append(r)
                 print(f"N={n:3d} {side:8s} {r['fps']:8.0f} frames/s  fps/ideal {r['fps/ideal']:.3f}  driver "
@@ -246,6 +260,9 @@ def main() -> None:
               f"{r['dask_fps/ideal']:14.3f} {r['torchrl_fps/ideal']:17.3f} {r['dask_pss_mb']:11.0f} "
               f"{r['torchrl_pss_mb']:14.0f}")  # fmt: skip
     for n, r in summary.items():
+        if args.with_dask_streams:
+            print(f"{n:>4} dask with same-host off: {r['dask_streams_driver_ms_per_batch']:.2f} ms/batch, "
+                  f"fps/ideal {r['dask_streams_fps/ideal']:.3f}")  # fmt: skip
         split = ", ".join(f"{role} {r[f'dask_{role}_ms_per_batch']:.2f}" for role in ROLES)
         print(f"{n:>4} dask driver ms/batch by thread: {split}; scheduler process "
               f"{r['dask_scheduler_ms_per_batch']:.2f}")  # fmt: skip

@@ -138,6 +138,7 @@ class Settings:
     async_depth: int
     driver_torch_threads: int | str | None
     shared_memory_dir: str | None
+    same_host_streams: bool
     max_unreleased: int
     reattach_grace: float | None
     local_host: str
@@ -179,6 +180,7 @@ class Settings:
             async_depth=section["async-depth"],
             driver_torch_threads=section["driver"]["torch-threads"],
             shared_memory_dir=weights["shared-memory-dir"] if weights["shared-memory"] else None,
+            same_host_streams=section["streams"]["same-host"],
             max_unreleased=section["memmap"]["max-unreleased"],
             reattach_grace=_seconds(section, "reattach.grace-period", optional=True) or None,
             local_host=local["host"],

@@ -272,6 +272,9 @@ class Counter:
     def add(self, n: int) -> tuple[str, int]:
         return distributed.get_worker().address, n + 1
 
+    def fail(self) -> None:
+        raise ZeroDivisionError("a stand-in failure")
+
 
 @gen_cluster(client=True, nthreads=TWO)
 async def test_an_actors_method_runs_in_dasks_runner_and_cancelling_releases_it(c, s, a, b):
@@ -285,6 +288,10 @@ async def test_an_actors_method_runs_in_dasks_runner_and_cancelling_releases_it(
     assert _internals.unwrap_actor_result({"status": "OK", "result": to_serialize(wire)})["result"] is wire
     plain = {"status": "OK", "result": to_serialize(5)}
     assert _internals.unwrap_actor_result(plain) is plain  # only a serialized result is unwrapped
+    assert _internals.actor_answer(plain) == (True, 5)
+    failed = await _internals.run_actor_method(a, "daskcollect-test-counter", "fail")
+    ok, exc = _internals.actor_answer(failed)
+    assert not ok and isinstance(exc, ZeroDivisionError)
     compressed = _internals.serialized(bytes(100_000), "zlib")
     assert "zlib" in compressed.header["compression"]  # Dask's comms read the frames' compression here
     assert await c.gather(c.submit(lambda: 1)) == 1

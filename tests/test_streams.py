@@ -43,14 +43,20 @@ def test_user_code_sees_its_worker_on_the_drivers_host(client, sync):
     assert frames == 240 and len(set(worker_of.values())) == 2
 
 
-def test_each_collector_streams_over_one_comm_that_closes_with_it(client):
-    with DaskCollector(
+@pytest.mark.parametrize("same_host", [True, False], ids=["same-host", "dask-comm"])
+def test_each_collector_streams_over_one_comm_that_closes_with_it(client, same_host):
+    """On the driver's host the answers take the same-host channel (daskcollect.streams.same-host),
+    off it the worker's Dask comm; the streams close with their collectors either way."""
+    with dask.config.set({"daskcollect.streams.same-host": same_host}), DaskCollector(
         make_cartpole_in_worker_context, frames_per_batch=20, total_frames=-1, num_collectors=2, client=client
     ) as collector:  # fmt: skip
         next(iter(collector))
         streams = client.run(streams_served)
         assert sorted(len(s) for s in streams.values()) == [1, 1]
-        assert all(a.startswith("tcp://") for s in streams.values() for a in s.values())
+        routes = {a for s in streams.values() for a in s.values()}
+        assert routes == {"same-host"} if same_host else all(a.startswith("tcp://") for a in routes)
+        sizes = collector.session.sizes()
+        assert sizes.get("same-host channels", 0) == (2 if same_host else 0)
     assert wait_until(lambda: not any(client.run(streams_served).values()), timeout=10)
 
 

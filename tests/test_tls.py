@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import dask
 import pytest
 from distributed import Client
 from distributed.security import Security
@@ -16,8 +17,13 @@ pytest.importorskip("cryptography", reason="Security.temporary() needs cryptogra
 
 
 def test_collects_over_tls_with_a_users_client(tls_cluster):
+    """The rollouts come back over TLS. The cluster shares the driver's host, where they would take
+    the same-host channel (a Unix socket, which never leaves the host): turned off here."""
     assert tls_cluster.scheduler_address.startswith("tls://")
-    with Client(tls_cluster, set_as_default=False) as client:
+    with (
+        Client(tls_cluster, set_as_default=False) as client,
+        dask.config.set({"daskcollect.streams.same-host": False}),
+    ):
         with DaskCollector(
             make_cartpole, frames_per_batch=100, total_frames=400, num_collectors=2, client=client
         ) as c:

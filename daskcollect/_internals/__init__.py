@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from daskcollect._internals.client import (
     DONT_REPLY,
+    actor_answer,
     cancel,
     is_serialized,
     log_event,
@@ -145,6 +146,7 @@ __all__ = [
     "tick_callback",
     "unregister_worker_plugin",
     "unwrap_actor_result",
+    "actor_answer",
     "worker_addresses_by_name",
     "worker_change",
     "worker_identities",

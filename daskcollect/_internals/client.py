@@ -116,6 +116,16 @@ def unwrap_actor_result(answer: dict[str, Any]) -> dict[str, Any]:
     return answer
 
 
+def actor_answer(answer: dict[str, Any]) -> tuple[bool, Any]:
+    """An ``actor_execute`` answer as ``(ok, value)``: the method's result or the exception it raised,
+    out of the ``Serialize`` wrapper Dask's runner puts around either for its reply."""
+    from distributed.protocol import Serialize
+
+    ok = answer.get("status") == "OK"
+    value = answer.get("result" if ok else "exception")
+    return ok, value.data if isinstance(value, Serialize) else value
+
+
 def rpc(owner: Any, address: str) -> Any:
     """A pooled RPC to ``address`` from a ``Worker`` or a ``Client`` (``rpc(...).<handler>(...)``)."""
     pool = attribute(owner, "rpc", f"{type(owner).__name__}.rpc")

@@ -145,7 +145,9 @@ class ActorPool:
         self.settings = settings
         self.template = template or ActorSpec(0, 0)
         self.resources = resources
-        self._streams = CompletionStreams(client, self._answer, settings.timeouts.connect)
+        self._streams = CompletionStreams(
+            client, self._answer, settings.timeouts.connect, same_host=settings.same_host_streams
+        )
         self._calls: dict[int, deque[InFlight]] = {}  # per actor uid, in the order sent
         self._slots: list[Slot] = []
         self._next_uid = 0
@@ -331,8 +333,8 @@ class ActorPool:
         except BaseException:
             self.client.cancel(futures)
             raise
-        self._streams.open([(s.uid, s.address, s.future.key) for s in slots])
         self._find_driver_host(slots)
+        self._streams.open([(s.uid, s.address, s.future.key, s.on_driver_host) for s in slots])
         return slots, lost + left
 
     def adopt(self, members: list[Any], recipes: dict[int, bytes]) -> list[Slot]:
@@ -369,8 +371,8 @@ class ActorPool:
                 continue
             slots.append(Slot(m.index, m.uid, m.address, m.future, actor, recipes.get(m.index, recipes[0])))
         self.reserve_uids(max((m.uid for m in members), default=-1) + 1)
-        self._streams.open([(s.uid, s.address, s.future.key) for s in slots])
         self._find_driver_host(slots)
+        self._streams.open([(s.uid, s.address, s.future.key, s.on_driver_host) for s in slots])
         return slots
 
     def _send_recipes(self, todo: list[tuple[int, bytes, str]]) -> dict[bytes, Future]:
@@ -465,7 +467,7 @@ class ActorPool:
 
     def _answer(self, uid: int, answer: tuple[bool, Any] | None, cause: str) -> None:
         """Finishes the oldest call of actor ``uid`` with ``answer``; all of them when its stream
-        closed (``None``). Runs on the client's event loop."""
+        closed (``None``). Runs on the client's event loop, or the same-host channels' thread."""
         with self.lock:
             calls = self._calls.get(uid)
             if not calls:

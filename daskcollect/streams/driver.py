@@ -13,6 +13,10 @@ cluster's security, whatever host the worker is on. The worker's end is
   in one read and hands each to ``on_answer(uid, (ok, value))``, in the order
   the requests were sent. A stream that closes (its worker died, or the link)
   is handed over as ``on_answer(uid, None, cause)``: the collector is lost.
+- A collector on the driver's host (``here`` at :meth:`CompletionStreams.open`) sends its answers,
+  and takes its requests, over a same-host channel (:mod:`daskcollect.streams.local`) whose
+  thread hands them to ``on_answer`` off the event loop; its stream stays open for its liveness
+  and for requests whose weights only Dask can carry.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ from distributed.comm import connect
 from distributed.protocol import to_serialize
 
 from daskcollect import _internals
+from daskcollect.streams import local
 from daskcollect.streams.worker import OPEN, Sender
+from daskcollect.weights.shm import SharedMemoryRef
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +52,13 @@ class CompletionStreams:
         on_answer: Called on the event loop for each answer, and once when a
             stream closes.
         timeout: Bound, in seconds, on opening a stream.
+        same_host: Whether collectors on the driver's host answer over same-host channels.
     """
 
-    def __init__(self, client: Client, on_answer: OnAnswer, timeout: float):
+    def __init__(self, client: Client, on_answer: OnAnswer, timeout: float, same_host: bool = True):
         self.client, self._on_answer, self.timeout = client, on_answer, timeout
+        self._same_host = same_host and local.available()
+        self._inbox: local.Inbox | None = None
         self._senders: dict[int, Sender] = {}
         # Requests from other threads wait here; one event-loop callback sends all that queued.
         self._requests: list[tuple[int, dict]] = []
@@ -59,28 +68,50 @@ class CompletionStreams:
 
     def sizes(self) -> dict[str, int]:
         """How many collectors' streams are open (a bound check for tests)."""
-        return {"senders": len(self._senders), "readers": len(self._readers)}
+        inbox = self._inbox.sizes() if self._inbox is not None else {}
+        return {"senders": len(self._senders), "readers": len(self._readers), **inbox}
+
+    def same_host(self, uid: int) -> bool:
+        """Whether collector ``uid`` answers over a same-host channel."""
+        return self._inbox is not None and self._inbox.has(uid)
 
     # --- opening ---------------------------------------------------------------
-    def open(self, streams: list[tuple[int, str, str]]) -> list[int]:
-        """Opens a stream per ``(uid, worker address, actor key)`` (bounded); returns the uids
-        whose worker could not be reached (their first request reports the collector lost)."""
+    def open(self, streams: list[tuple[int, str, str, bool]]) -> list[int]:
+        """Opens a stream per ``(uid, worker address, actor key, here)`` (bounded), and a same-host
+        channel for those ``here``, on the driver's host; returns the uids whose worker could not
+        be reached (their first request reports the collector lost)."""
         if not streams:
             return []
-        return _internals.sync(self.client.loop, self._open_all, streams, callback_timeout=self.timeout + 5)
+        if self._inbox is None and self._same_host and not self._closed and any(s[3] for s in streams):
+            self._inbox = local.Inbox(self._on_answer)
+        return _internals.sync(
+            self.client.loop, self._open_all, streams, callback_timeout=2 * self.timeout + 5
+        )
 
-    async def _open_all(self, streams: list[tuple[int, str, str]]) -> list[int]:
+    async def _open_all(self, streams: list[tuple[int, str, str, bool]]) -> list[int]:
         opened = await asyncio.gather(*(self._open(*s) for s in streams))
-        return [uid for (uid, _, _), ok in zip(streams, opened) if not ok]
+        return [uid for (uid, *_), ok in zip(streams, opened) if not ok]
 
-    async def _open(self, uid: int, address: str, key: str) -> bool:
+    async def _open(self, uid: int, address: str, key: str, here: bool) -> bool:
+        inbox = self._inbox if here else None
+        offer, joined = inbox.offer(uid) if inbox is not None else (None, None)
+        extra = {"same_host": offer} if offer is not None else {}
         try:
             comm = await connect(
                 address, timeout=self.timeout, name="daskcollect-stream", **self.client.connection_args
             )
-            await comm.write(_internals.rpc_message(OPEN, actor=key))
+            await comm.write(_internals.rpc_message(OPEN, actor=key, **extra))
+            if inbox is not None:
+                reply = await asyncio.wait_for(comm.read(), self.timeout)
+                if reply.get("same_host"):
+                    await asyncio.wait_for(asyncio.wrap_future(joined), self.timeout)
+                else:
+                    inbox.withdraw(uid)
         except (OSError, asyncio.TimeoutError) as exc:
             logger.info("collector %d: no stream to %s (%s)", uid, address, exc)
+            if inbox is not None:
+                inbox.withdraw(uid)
+                inbox.drop(uid)
             return False
         if self._closed:
             comm.abort()
@@ -91,7 +122,14 @@ class CompletionStreams:
 
     # --- requests and answers --------------------------------------------------
     def request(self, uid: int, weights: Any) -> None:
-        """Queues one rollout request on collector ``uid``'s stream (from any thread)."""
+        """Queues one rollout request on collector ``uid``'s stream (from any thread); on its same-host
+        channel, it is written there at once."""
+        if (weights is None or isinstance(weights, SharedMemoryRef)) and self.same_host(uid):
+            try:
+                self._inbox.request(uid, weights)
+            except OSError as exc:
+                self._on_answer(uid, None, f"its same-host channel closed ({exc})")
+            return
         message = {"weights": None if weights is None else to_serialize(weights)}
         with self._requests_lock:
             self._requests.append((uid, message))
@@ -139,6 +177,8 @@ class CompletionStreams:
             self.client.loop.add_callback(self._drop, uid)
 
     def _drop(self, uid: int) -> None:
+        if self._inbox is not None:
+            self._inbox.drop(uid)
         reader, out = self._readers.pop(uid, None), self._senders.pop(uid, None)
         if reader is not None:
             reader.cancel()
@@ -152,6 +192,8 @@ class CompletionStreams:
         self._closed = True
         with contextlib.suppress(Exception):  # a client whose loop stopped has no streams left
             _internals.sync(self.client.loop, self._close_all, callback_timeout=timeout)
+        if self._inbox is not None:
+            self._inbox.close(timeout)
 
     async def _close_all(self) -> None:
         for uid in list(self._readers):

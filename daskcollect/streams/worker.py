@@ -27,7 +27,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import pickle
 import secrets
+import socket
+from collections.abc import Callable
 from typing import Any
 
 import dask
@@ -35,6 +38,7 @@ from distributed.comm import CommClosedError
 from distributed.protocol import to_serialize
 
 from daskcollect import _internals
+from daskcollect.streams import local
 
 logger = logging.getLogger(__name__)
 
@@ -114,13 +118,25 @@ def install(worker: Any) -> None:
     functions (no ``functools.partial``).
     """
 
-    async def daskcollect_stream(comm: Any, actor: str) -> Any:
+    async def daskcollect_stream(comm: Any, actor: str, same_host: dict | None = None) -> Any:
         requests: asyncio.Queue = asyncio.Queue()
+        channel = await SameHostChannel.connect(same_host) if same_host is not None else None
+        if same_host is not None:
+            await comm.write({"same_host": channel is not None})
         out = Sender(comm)
         # Names this stream's schema on the driver (streams.packing): a new stream gets it again.
         token = secrets.randbits(63)
-        runner = asyncio.ensure_future(_run(worker, actor, requests, out, token))
-        serving[actor] = comm.local_address
+        if channel is not None:
+            method, deliver = "rollout_frames", channel.deliver
+            reader = asyncio.ensure_future(channel.read_requests(requests, comm.abort))
+        else:
+            method, reader = "rollout_serialized", None
+
+            def deliver(answer: dict) -> None:
+                out.send(_internals.unwrap_actor_result(answer))
+
+        runner = asyncio.ensure_future(_run(worker, actor, requests, method, deliver, token))
+        serving[actor] = "same-host" if channel is not None else comm.local_address
         try:
             while not runner.done():
                 for request in await comm.read():
@@ -129,26 +145,127 @@ def install(worker: Any) -> None:
             pass
         finally:
             serving.pop(actor, None)
-            runner.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await runner
+            for task in (runner, reader):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             out.abort()
+            if channel is not None:
+                channel.abort()
         return _internals.DONT_REPLY
 
     _internals.add_handlers(worker, {OPEN: daskcollect_stream})
 
 
-async def _run(worker: Any, actor: str, requests: asyncio.Queue, out: Sender, token: int) -> None:
-    """Runs the queued rollout requests one after the other and pushes each answer."""
+async def _run(
+    worker: Any, actor: str, requests: asyncio.Queue, method: str, deliver: Callable, token: int
+) -> None:
+    """Runs the queued rollout requests one after the other and delivers each answer."""
     while True:
         weights = await requests.get()
         try:
-            answer = await _internals.run_actor_method(worker, actor, "rollout_serialized", weights, token)
+            answer = await _internals.run_actor_method(worker, actor, method, weights, token)
         except KeyError:  # the actor was released: the driver has dropped this collector
             return
         except Exception as exc:  # raised outside the rollout (Dask's runner): still an answer
             answer = {"status": "error", "exception": to_serialize(exc)}
         try:
-            out.send(_internals.unwrap_actor_result(answer))
+            deliver(answer)
         except OSError:
             return
+
+
+class SameHostChannel:
+    """The worker's end of a same-host channel (:mod:`daskcollect.streams.local`). Event-loop only.
+
+    Args:
+        sock: The connected socket, non-blocking.
+    """
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self._loop = asyncio.get_running_loop()
+        self._queue: list[list[Any]] = []
+        self._writing: asyncio.Task | None = None
+
+    @classmethod
+    async def connect(cls, offer: dict) -> SameHostChannel | None:
+        """Connects to the driver's inbox and says which collector this is; ``None`` if it cannot."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(loop.sock_connect(sock, offer["name"]), timeout=5)
+            await loop.sock_sendall(sock, local.encode({"token": offer["token"], "uid": offer["uid"]})[0])
+        except (OSError, asyncio.TimeoutError) as exc:
+            logger.info("no same-host channel to the driver (%s); answers take the Dask stream", exc)
+            sock.close()
+            return None
+        return cls(sock)
+
+    async def read_requests(self, requests: asyncio.Queue, on_close: Callable[[], None]) -> None:
+        """Queues each request read until the driver closes the channel; then calls ``on_close``
+        (which closes the collector's Dask stream, ending it)."""
+        pending = bytearray()
+        size = local.REQUEST.size
+        try:
+            while True:
+                data = await self._loop.sock_recv(self.sock, 65536)
+                if not data:
+                    break
+                pending += data
+                while len(pending) >= size:
+                    (length,) = local.REQUEST.unpack_from(pending)
+                    if len(pending) < size + length:
+                        break
+                    requests.put_nowait(pickle.loads(pending[size : size + length]))
+                    del pending[: size + length]
+        except OSError:
+            pass
+        on_close()
+
+    def deliver(self, answer: dict) -> None:
+        """Sends an answer of Dask's actor runner: a rollout encoded in the actor's thread
+        (``rollout_frames``), or an exception, encoded here."""
+        ok, value = _internals.actor_answer(answer)
+        if not ok:
+            try:
+                value = local.encode({"status": "error", "exception": value})
+            except Exception as exc:  # an exception that does not pickle: its text still reaches the driver
+                value = local.encode(
+                    {"status": "error", "exception": RuntimeError(f"{type(value).__name__}: {value}")}
+                )
+                logger.debug("an unpicklable exception sent as text (%s)", exc)
+        self._queue.append(value)
+        if self._writing is None:
+            self._writing = asyncio.ensure_future(self._write())
+
+    async def _write(self) -> None:
+        try:
+            while self._queue:
+                parts = self._queue.pop(0)
+                await self._send(parts)
+        except OSError:
+            self.abort()  # the driver sees the channel closed
+        finally:
+            self._writing = None
+
+    async def _send(self, parts: list[Any]) -> None:
+        """All of ``parts``: one ``sendmsg`` for what the socket takes at once, then the rest."""
+        try:
+            sent = self.sock.sendmsg(parts)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        for part in parts:
+            view = memoryview(part).cast("B")
+            if sent >= view.nbytes:
+                sent -= view.nbytes
+                continue
+            await self._loop.sock_sendall(self.sock, view[sent:])
+            sent = 0
+
+    def abort(self) -> None:
+        """Closes the channel (idempotent); what is queued is dropped."""
+        self._queue = []
+        self.sock.close()

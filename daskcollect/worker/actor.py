@@ -28,6 +28,7 @@ from daskcollect import _internals
 from daskcollect.collection.memmap import check_writable, write_batch
 from daskcollect.errors import RolloutError, SharedFilesystemError
 from daskcollect.monitoring.worker import EpisodeTracker, TimeSplit
+from daskcollect.streams import local
 from daskcollect.streams import worker as stream
 from daskcollect.streams.packing import Packer
 from daskcollect.weights import tree
@@ -184,12 +185,19 @@ class CollectorActor:
         :mod:`daskcollect.streams.packing`); the worker's event loop then only
         writes the frames (see :func:`daskcollect.streams.worker.serialized`).
         """
+        return stream.serialized(self._packed_rollout(weights, stream_token))
+
+    def rollout_frames(self, weights: WeightsRef | None = None, stream_token: int | None = None) -> list:
+        """:meth:`rollout`, packed and encoded here for a same-host channel (:mod:`daskcollect.streams.local`)."""
+        return local.encode({"status": "OK", "result": self._packed_rollout(weights, stream_token)})
+
+    def _packed_rollout(self, weights: WeightsRef | None, stream_token: int | None) -> Rollout:
         rollout = self.rollout(weights)
         if stream_token is not None and rollout.batch is not None:
             packed = self._packer.pack(rollout.batch, stream_token)
             if packed is not None:
                 rollout = dataclasses.replace(rollout, batch=packed)
-        return stream.serialized(rollout)
+        return rollout
 
     def _rollout(self, weights: WeightsRef | None) -> Rollout:
         start, cpu0 = time.perf_counter(), time.thread_time()

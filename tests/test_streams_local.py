@@ -1,0 +1,130 @@
+"""Same-host channels: messages survive any split, only an offered worker with the token gets in,
+requests reach the worker's end, and a closed channel is reported once."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import socket
+import threading
+
+import pytest
+import torch
+from helpers import wait_until
+from tensordict import TensorDict
+
+from daskcollect.streams import local
+from daskcollect.streams.packing import Packer
+from daskcollect.streams.worker import SameHostChannel
+
+pytestmark = pytest.mark.skipif(not local.available(), reason="abstract Unix sockets are Linux's")
+
+
+def batch() -> TensorDict:
+    return TensorDict(
+        {"obs": torch.arange(24.0).reshape(6, 4), "done": torch.zeros(6, 1, dtype=torch.bool)}, batch_size=[6]
+    )
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1 << 20], ids=["bytewise", "odd-chunks", "whole"])
+def test_a_reader_rebuilds_messages_whatever_the_split(chunk):
+    """A packed batch (one out-of-band buffer), a plain value (none) and an error come out in order,
+    as the worker encoded them, however the bytes arrive."""
+    packed = Packer().pack(batch(), stream=1)
+    messages = [
+        {"status": "OK", "result": packed},
+        {"status": "OK", "result": [1, "two"]},
+        {"status": "error", "exception": ValueError("bad")},
+    ]
+    wire = b"".join(bytes(memoryview(p).cast("B")) for m in messages for p in local.encode(m))
+    a, b = socket.socketpair()
+    b.setblocking(False)
+    reader, got = local.Reader(b), []
+    for i in range(0, len(wire), chunk):
+        a.sendall(wire[i : i + chunk])
+        got += reader.read()
+    assert len(got) == 3
+    assert (got[0]["result"] == batch()).all() and got[1]["result"] == [1, "two"]
+    assert isinstance(got[2]["exception"], ValueError)
+    a.close()
+    with pytest.raises(EOFError):
+        reader.read()
+    b.close()
+
+
+def connect(name: str, hello: dict) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(name)
+    sock.sendall(local.encode(hello)[0])
+    return sock
+
+
+def test_an_inbox_takes_offered_channels_only_and_reports_a_closed_one_once():
+    answers: queue.Queue = queue.Queue()
+    inbox = local.Inbox(lambda uid, outcome, cause: answers.put((uid, outcome, cause)))
+    try:
+        offer, joined = inbox.offer(7)
+        stranger = connect(offer["name"], {**offer, "token": "guessed"})
+        assert stranger.recv(1) == b""  # refused: closed at once
+        assert not inbox.has(7) and not joined.done()
+        worker = connect(offer["name"], offer)
+        assert joined.result(timeout=5) is True and inbox.has(7)
+        for part in local.encode({"status": "OK", "result": "a rollout"}):
+            worker.sendall(part)
+        assert answers.get(timeout=5) == (7, (True, "a rollout"), "")
+        inbox.request(7, {"weights": 3})
+        (size,) = local.REQUEST.unpack(worker.recv(local.REQUEST.size))
+        assert worker.recv(size) == local.encode_request({"weights": 3})[local.REQUEST.size :]
+        worker.close()
+        uid, outcome, cause = answers.get(timeout=5)
+        assert (uid, outcome) == (7, None) and "same-host channel closed" in cause
+        assert wait_until(lambda: not inbox.has(7), timeout=5)
+        with pytest.raises(OSError, match="closed"):
+            inbox.request(7, None)
+        offer, joined = inbox.offer(8)
+        dropped = connect(offer["name"], offer)
+        joined.result(timeout=5)
+        inbox.drop(8)
+        assert dropped.recv(1) == b""  # closed by the driver; nothing reported for a dropped one
+        assert answers.empty() and inbox.sizes() == {"same-host channels": 0, "same-host offers": 0}
+    finally:
+        inbox.close(5)
+        inbox.close(5)  # idempotent
+    assert not any(t.name == "daskcollect-same-host" for t in threading.enumerate())
+
+
+def test_the_workers_end_reads_requests_and_sends_answers_through_the_inbox():
+    answers: queue.Queue = queue.Queue()
+    inbox = local.Inbox(lambda uid, outcome, cause: answers.put((uid, outcome)))
+    big = torch.arange(1 << 20, dtype=torch.float32)  # 4 MB: more than one socket write
+
+    async def worker_side(offer):
+        channel = await SameHostChannel.connect(offer)
+        requests: asyncio.Queue = asyncio.Queue()
+        closed = asyncio.Event()
+        reading = asyncio.ensure_future(channel.read_requests(requests, closed.set))
+        inbox.request(1, "w1")
+        first = await asyncio.wait_for(requests.get(), 5)
+        channel.deliver({"status": "OK", "result": local.encode({"status": "OK", "result": big})})
+        channel.deliver({"status": "error", "exception": KeyError("lost")})
+        got = [await asyncio.to_thread(answers.get, timeout=5) for _ in range(2)]
+        inbox.drop(1)  # the driver closes the channel: the worker's end ends its stream
+        await asyncio.wait_for(closed.wait(), 5)
+        await asyncio.wait_for(reading, 5)
+        channel.abort()
+        return first, got
+
+    try:
+        offer, _ = inbox.offer(1)
+        first, got = asyncio.run(asyncio.wait_for(worker_side(offer), 20))
+        assert first == "w1"
+        (uid, (ok, value)), (_, (failed, exc)) = got
+        assert uid == 1 and ok and torch.equal(value, big)
+        assert not failed and isinstance(exc, KeyError)
+    finally:
+        inbox.close(5)
+
+
+def test_a_worker_that_cannot_reach_the_inbox_stays_on_its_stream():
+    offer = {"name": "\0daskcollect-nobody-listens", "token": "t", "uid": 0}
+    assert asyncio.run(SameHostChannel.connect(offer)) is None
