@@ -24,6 +24,11 @@ each run (psutil; shared library pages counted once across them).
     python benchmarks/driver_cost.py --collectors 8 16 32 --pairs 3
     python benchmarks/driver_cost.py --collectors 16 --external --pairs 3
     python benchmarks/driver_cost.py --collectors 8 16 --pairs 3 --with-dask-streams
+    python benchmarks/driver_cost.py --env pixels --step 0.001 --collectors 4 8 --pairs 3
+
+With ``--env pixels`` (4x84x84 uint8 observations, about 56 KB a transition with
+``next``, 500-frame batches of about 28 MB) the table also gives MB/s into the
+driver and the driver's CPU per MB.
 
 Writes benchmarks/results/driver_cost[-external].json and prints a table.
 """
@@ -42,7 +47,7 @@ import dask
 import psutil
 from _common import header, medians, save
 from distributed import Client
-from makers import SleepEnvMaker
+from makers import SleepEnvMaker, StackedPixelEnvMaker
 from torchrl.collectors import MultiAsyncCollector
 
 from daskcollect import DaskCollector
@@ -50,9 +55,14 @@ from daskcollect import DaskCollector
 warnings.filterwarnings("ignore")
 
 
-def single_env_fps(step: float, frames: int = 200) -> float:
+def env_maker(args):
+    """The env: the sleep-step CartPole, or with ``--env pixels`` 4x84x84 uint8 observations."""
+    return StackedPixelEnvMaker(args.step) if args.env == "pixels" else SleepEnvMaker(args.step)
+
+
+def single_env_fps(maker, frames: int = 200) -> float:
     """Frames/s of one env stepping alone (random actions): the per-collector ideal."""
-    env = SleepEnvMaker(step)()
+    env = maker()
     start = time.perf_counter()
     env.rollout(frames, break_when_any_done=False)
     return frames / (time.perf_counter() - start)
@@ -102,7 +112,10 @@ def measure(collector, seconds: float, pids, scheduler: psutil.Process | None = 
     me = psutil.Process()
     try:
         it = iter(collector)
-        next(it)
+        first = next(it)
+        per_frame = (
+            first.bytes() / first.numel()
+        )  # the same for every batch: counted once, outside the timing
         cpu0, threads0, frames, batches = sum(me.cpu_times()[:2]), thread_cpu(), 0, 0
         scheduler0 = cpu_seconds(scheduler)
         start = time.perf_counter()
@@ -110,6 +123,7 @@ def measure(collector, seconds: float, pids, scheduler: psutil.Process | None = 
             frames += next(it).numel()
             batches += 1
         elapsed = time.perf_counter() - start
+        nbytes = frames * per_frame
         cpu = sum(me.cpu_times()[:2]) - cpu0
         scheduler_cpu = cpu_seconds(scheduler) - scheduler0
         threads = thread_cpu()
@@ -118,7 +132,8 @@ def measure(collector, seconds: float, pids, scheduler: psutil.Process | None = 
             for role in ROLES
         }
         return {"fps": frames / elapsed, "batches": batches, "batches_per_s": batches / elapsed,
-                "driver_ms_per_batch": 1e3 * cpu / batches, **split,
+                "driver_ms_per_batch": 1e3 * cpu / batches, **split, "mb_per_s": nbytes / 1e6 / elapsed,
+                "driver_ms_per_mb": 1e3 * cpu / (nbytes / 1e6),
                 "scheduler_ms_per_batch": 1e3 * scheduler_cpu / batches, "pss_mb": pss_mb(pids())}  # fmt: skip
     finally:
         collector.shutdown()
@@ -137,7 +152,7 @@ def run_dask(
     }
     with dask.config.set(config):
         collector = DaskCollector(
-            SleepEnvMaker(args.step), None, frames_per_batch=args.frames_per_batch, total_frames=-1,
+            env_maker(args), None, frames_per_batch=args.frames_per_batch, total_frames=-1,
             num_collectors=n, sync=False, client=address,
         )  # fmt: skip
     if address is None:  # the private cluster's scheduler process, if it has one
@@ -150,7 +165,7 @@ def run_dask(
 
 def run_torchrl(n: int, args) -> dict[str, float]:
     collector = MultiAsyncCollector(
-        [SleepEnvMaker(args.step)] * n, None, frames_per_batch=args.frames_per_batch, total_frames=-1
+        [env_maker(args)] * n, None, frames_per_batch=args.frames_per_batch, total_frames=-1
     )
     return measure(collector, args.seconds, lambda: children_of(os.getpid()))
 
@@ -195,7 +210,8 @@ def main() -> None:
     )
     parser.add_argument("--collectors", type=int, nargs="+", default=[8, 16, 32])
     parser.add_argument("--step", type=float, default=0.01, help="seconds each env step sleeps")
-    parser.add_argument("--frames-per-batch", type=int, default=20)
+    parser.add_argument("--env", choices=["sleep", "pixels"], default="sleep")
+    parser.add_argument("--frames-per-batch", type=int, default=None, help="default 20, 500 with pixels")
     parser.add_argument("--seconds", type=float, default=12.0, help="timed seconds per run")
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--external", action="store_true", help="a dask scheduler process of its own")
@@ -211,8 +227,10 @@ def main() -> None:
     )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.frames_per_batch is None:
+        args.frames_per_batch = 500 if args.env == "pixels" else 20
 
-    one = single_env_fps(args.step)
+    one = single_env_fps(env_maker(args))
     raw: dict[str, dict[str, list[dict]]] = {}
     for _ in range(args.pairs):
         for n in args.collectors:
@@ -243,11 +261,14 @@ def main() -> None:
             "scheduler_ms_per_batch",
             "fps/ideal",
             "pss_mb",
+            "mb_per_s",
+            "driver_ms_per_mb",
             *(f"{r}_ms_per_batch" for r in ROLES),
         ),
     )
     name = "driver_cost-external" if args.external else "driver_cost"
     name += "-scheduler-in-driver" if args.scheduler_in_driver else ""
+    name += "-pixels" if args.env == "pixels" else ""
     save(
         {**header("P7-driver-cost", args), "single_env_fps": one, "raw": raw, "summary": summary},
         name,
@@ -260,6 +281,8 @@ def main() -> None:
               f"{r['dask_fps/ideal']:14.3f} {r['torchrl_fps/ideal']:17.3f} {r['dask_pss_mb']:11.0f} "
               f"{r['torchrl_pss_mb']:14.0f}")  # fmt: skip
     for n, r in summary.items():
+        print(f"{n:>4} MB/s dask {r['dask_mb_per_s']:.1f}, torchrl {r['torchrl_mb_per_s']:.1f}; driver ms/MB "
+              f"dask {r['dask_driver_ms_per_mb']:.3f}, torchrl {r['torchrl_driver_ms_per_mb']:.3f}")  # fmt: skip
         if args.with_dask_streams:
             print(f"{n:>4} dask with same-host off: {r['dask_streams_driver_ms_per_batch']:.2f} ms/batch, "
                   f"fps/ideal {r['dask_streams_fps/ideal']:.3f}")  # fmt: skip

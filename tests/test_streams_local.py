@@ -98,8 +98,9 @@ def test_the_workers_end_reads_requests_and_sends_answers_through_the_inbox():
     inbox = local.Inbox(lambda uid, outcome, cause: answers.put((uid, outcome)))
     big = torch.arange(1 << 20, dtype=torch.float32)  # 4 MB: more than one socket write
 
-    async def worker_side(offer):
+    async def worker_side(offer, joined):
         channel = await SameHostChannel.connect(offer)
+        await asyncio.wait_for(asyncio.wrap_future(joined), 5)  # the driver's end took the hello
         requests: asyncio.Queue = asyncio.Queue()
         closed = asyncio.Event()
         reading = asyncio.ensure_future(channel.read_requests(requests, closed.set))
@@ -115,8 +116,8 @@ def test_the_workers_end_reads_requests_and_sends_answers_through_the_inbox():
         return first, got
 
     try:
-        offer, _ = inbox.offer(1)
-        first, got = asyncio.run(asyncio.wait_for(worker_side(offer), 20))
+        offer, joined = inbox.offer(1)
+        first, got = asyncio.run(asyncio.wait_for(worker_side(offer, joined), 20))
         assert first == "w1"
         (uid, (ok, value)), (_, (failed, exc)) = got
         assert uid == 1 and ok and torch.equal(value, big)

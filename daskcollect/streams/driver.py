@@ -83,7 +83,11 @@ class CompletionStreams:
         if not streams:
             return []
         if self._inbox is None and self._same_host and not self._closed and any(s[3] for s in streams):
-            self._inbox = local.Inbox(self._on_answer)
+            try:
+                self._inbox = local.Inbox(self._on_answer)
+            except OSError as exc:  # e.g. a sandbox without Unix sockets: the Dask streams carry all
+                logger.warning("no same-host channels (%s); every rollout takes its Dask stream", exc)
+                self._same_host = False
         return _internals.sync(
             self.client.loop, self._open_all, streams, callback_timeout=2 * self.timeout + 5
         )
