@@ -4,6 +4,7 @@ requests reach the worker's end, and a closed channel is reported once."""
 from __future__ import annotations
 
 import asyncio
+import io
 import queue
 import socket
 import threading
@@ -45,6 +46,10 @@ def test_a_reader_rebuilds_messages_whatever_the_split(chunk):
         got += reader.read()
     assert len(got) == 3
     assert (got[0]["result"] == batch()).all() and got[1]["result"] == [1, "two"]
+    saved = io.BytesIO()
+    torch.save(got[0]["result"], saved)  # the views over the received buffer own storages torch can save
+    saved.seek(0)
+    assert (torch.load(saved, weights_only=False) == batch()).all()
     assert isinstance(got[2]["exception"], ValueError)
     a.close()
     with pytest.raises(EOFError):

@@ -41,6 +41,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+import numpy
+
 logger = logging.getLogger(__name__)
 
 #: An answer's prefix: its pickle's length and how many out-of-band buffers follow it.
@@ -87,7 +89,7 @@ class Reader:
         self._filled, self._stage = 0, "head"
         self._data: bytearray | None = None
         self._lengths: tuple[int, ...] = ()
-        self._buffers: list[bytearray] = []
+        self._buffers: list[Any] = []
 
     def read(self) -> list[Any]:
         """Every message complete after reading all there is now.
@@ -126,7 +128,8 @@ class Reader:
         if self._target is not self._data:
             self._buffers.append(self._target)
         if len(self._buffers) < len(self._lengths):
-            self._target, self._filled = bytearray(self._lengths[len(self._buffers)]), 0
+            # Not zeroed first, as bytearray(n) would be: a pixel batch's tens of MB are written once, by recv.
+            self._target, self._filled = numpy.empty(self._lengths[len(self._buffers)], numpy.uint8), 0
             return None
         message = pickle.loads(self._data, buffers=self._buffers)
         self._start()
