@@ -7,7 +7,7 @@ import pytest
 import torch
 from distributed.protocol import dumps, loads
 from helpers import streams_served, wait_until
-from makers import make_cartpole_in_worker_context, worker_context_policy
+from makers import StackedPixelEnvMaker, make_cartpole_in_worker_context, worker_context_policy
 from tensordict import TensorDict
 
 from daskcollect import DaskCollector
@@ -71,3 +71,21 @@ def test_a_rollout_serialized_in_the_actor_reads_back_through_dasks_protocol(com
     (answer,) = loads(frames)
     assert bool((answer["result"]["batch"] == batch).all())
     assert (size < 10_000) if compression else (size > 8 * 84 * 84)
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_pixel_batches_on_the_drivers_host_stay_right_while_the_learner_keeps_them(client, sync):
+    """Batches of 100 Atari-sized frames (5.6 MB) come back in the workers' shared-memory slots; a
+    learner that keeps all of them (more than the slots) reads every one as it was collected: each
+    frame's step counter follows its predecessor's within an episode, and the frames add up."""
+    with DaskCollector(
+        StackedPixelEnvMaker(0.0), None, frames_per_batch=100, total_frames=2400, num_collectors=2,
+        sync=sync, client=client,
+    ) as collector:  # fmt: skip
+        kept = list(collector)
+    assert sum(b.numel() for b in kept) == 2400
+    for batch in kept:
+        flat = batch.reshape(-1)
+        step, after = flat["pixels"][:, 0, 0, 0].long(), flat["next", "pixels"][:, 0, 0, 0].long()
+        assert bool((after == (step + 1) % 256).all())
+        assert bool((flat["next", "pixels"][:, 1:] == flat["pixels"][:, 1:]).all())  # the frame's other bytes

@@ -4,6 +4,7 @@ requests reach the worker's end, and a closed channel is reported once."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import io
 import queue
 import socket
@@ -37,7 +38,7 @@ def test_a_reader_rebuilds_messages_whatever_the_split(chunk):
         {"status": "OK", "result": [1, "two"]},
         {"status": "error", "exception": ValueError("bad")},
     ]
-    wire = b"".join(bytes(memoryview(p).cast("B")) for m in messages for p in local.encode(m))
+    wire = b"".join(bytes(memoryview(p).cast("B")) for m in messages for p in local.encode(m).parts)
     a, b = socket.socketpair()
     b.setblocking(False)
     reader, got = local.Reader(b), []
@@ -60,7 +61,7 @@ def test_a_reader_rebuilds_messages_whatever_the_split(chunk):
 def connect(name: str, hello: dict) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(name)
-    sock.sendall(local.encode(hello)[0])
+    sock.sendall(local.encode(hello).parts[0])
     return sock
 
 
@@ -74,7 +75,7 @@ def test_an_inbox_takes_offered_channels_only_and_reports_a_closed_one_once():
         assert not inbox.has(7) and not joined.done()
         worker = connect(offer["name"], offer)
         assert joined.result(timeout=5) is True and inbox.has(7)
-        for part in local.encode({"status": "OK", "result": "a rollout"}):
+        for part in local.encode({"status": "OK", "result": "a rollout"}).parts:
             worker.sendall(part)
         assert answers.get(timeout=5) == (7, (True, "a rollout"), "")
         inbox.request(7, {"weights": 3})
@@ -98,10 +99,18 @@ def test_an_inbox_takes_offered_channels_only_and_reports_a_closed_one_once():
     assert not any(t.name == "daskcollect-same-host" for t in threading.enumerate())
 
 
-def test_the_workers_end_reads_requests_and_sends_answers_through_the_inbox():
+@pytest.mark.parametrize("keep", [False, True], ids=["released", "kept-by-the-learner"])
+def test_the_workers_end_sends_through_the_inbox_large_batches_in_slots_lent_until_released(keep):
+    """Requests reach the worker's end; a 4 MB buffer comes back in a shared-memory slot (the worker's
+    memory, mapped by the driver) and the slot returns to the worker only once the driver's last view
+    of it is gone. A learner that keeps every batch gets them all, inline once the slots are lent out."""
     answers: queue.Queue = queue.Queue()
     inbox = local.Inbox(lambda uid, outcome, cause: answers.put((uid, outcome)))
-    big = torch.arange(1 << 20, dtype=torch.float32)  # 4 MB: more than one socket write
+    big = torch.arange(1 << 20, dtype=torch.float32)  # 4 MB
+    packer, kept = Packer(), []
+
+    def packed(i: int):
+        return packer.pack(TensorDict({"x": big + i}, []), stream=2)
 
     async def worker_side(offer, joined):
         channel = await SameHostChannel.connect(offer)
@@ -111,24 +120,44 @@ def test_the_workers_end_reads_requests_and_sends_answers_through_the_inbox():
         reading = asyncio.ensure_future(channel.read_requests(requests, closed.set))
         inbox.request(1, "w1")
         first = await asyncio.wait_for(requests.get(), 5)
-        channel.deliver({"status": "OK", "result": local.encode({"status": "OK", "result": big})})
+        rounds = local.MAX_SLOTS + 2
+        for i in range(rounds):
+            channel.deliver(
+                {"status": "OK", "result": local.encode({"status": "OK", "result": packed(i)}, channel.ring)}
+            )
+            uid, (ok, value) = await asyncio.to_thread(answers.get, timeout=5)
+            assert uid == 1 and ok and torch.equal(value["x"], big + i)
+            if keep:
+                kept.append(value)
+            del value
+            gc.collect()
+            lent = min(i + 1, local.MAX_SLOTS) if keep else 1
+            want = {"slots": lent, "free": 0 if keep else 1}
+            assert await poll(lambda want=want: channel.ring.sizes() == want), (i, channel.ring.sizes())
         channel.deliver({"status": "error", "exception": KeyError("lost")})
-        got = [await asyncio.to_thread(answers.get, timeout=5) for _ in range(2)]
+        (_, (failed, exc)) = await asyncio.to_thread(answers.get, timeout=5)
         inbox.drop(1)  # the driver closes the channel: the worker's end ends its stream
         await asyncio.wait_for(closed.wait(), 5)
         await asyncio.wait_for(reading, 5)
         channel.abort()
-        return first, got
+        return first, failed, exc
 
     try:
         offer, joined = inbox.offer(1)
-        first, got = asyncio.run(asyncio.wait_for(worker_side(offer, joined), 20))
-        assert first == "w1"
-        (uid, (ok, value)), (_, (failed, exc)) = got
-        assert uid == 1 and ok and torch.equal(value, big)
-        assert not failed and isinstance(exc, KeyError)
+        first, failed, exc = asyncio.run(asyncio.wait_for(worker_side(offer, joined), 30))
+        assert first == "w1" and not failed and isinstance(exc, KeyError)
+        # The worker has closed its slots; the batches the learner kept still read right.
+        assert all(torch.equal(v["x"], big + i) for i, v in enumerate(kept))
     finally:
         inbox.close(5)
+
+
+async def poll(condition, timeout: float = 5) -> bool:
+    for _ in range(int(timeout / 0.01)):
+        if condition():
+            return True
+        await asyncio.sleep(0.01)
+    return condition()
 
 
 def test_a_worker_that_cannot_reach_the_inbox_stays_on_its_stream():

@@ -20,15 +20,25 @@ sends its rollouts, and takes its requests, over a Unix socket:
 
 Messages (:func:`encode`): the answer pickled with protocol 5, its out-of-band
 buffers (a packed batch's one buffer, :mod:`daskcollect.streams.packing`)
-after it, each read into a buffer of its own that the rebuilt batch views:
-no copy past the kernel's. Requests are a length and a pickle.
+after it, each read into a buffer of its own that the rebuilt batch views.
+A buffer of :data:`SLOT_MIN_BYTES` or more (a pixel batch) does not cross the
+socket: the worker copies it into a slot of its :class:`SlotRing`, anonymous
+shared memory (``memfd``) whose descriptor the driver receives once
+(``SCM_RIGHTS``) and keeps mapped, and the batch the driver yields views the
+slot: no copy and no page fault on the driver. The slot goes back to the
+worker (a :class:`Release` request) when the last view of it is garbage, so a
+worker never writes memory that a batch still shows; a worker whose slots are
+all lent out sends inline, so a learner that keeps its batches slows nothing
+and loses nothing. Requests are a length and a pickle.
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
 import hmac
 import logging
+import mmap
 import os
 import pickle
 import secrets
@@ -37,16 +47,26 @@ import socket
 import struct
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy
 
 logger = logging.getLogger(__name__)
 
-#: An answer's prefix: its pickle's length and how many out-of-band buffers follow it.
+#: An answer's prefix: its pickle's length and how many out-of-band buffers it has; then, for each,
+#: its slot (-1: inline, after the pickle) and its length.
 HEAD = struct.Struct("<II")
+#: Buffers from this size up travel in a shared-memory slot (below, the socket's copy costs less than
+#: a slot's bookkeeping).
+SLOT_MIN_BYTES = 1 << 20
+#: Slots a worker lends at most per channel: the async depth's rollouts, and the batches the learner holds.
+MAX_SLOTS = 4
+#: Descriptors one read can carry (a message brings at most one per new slot).
+_ANCILLARY = socket.CMSG_SPACE(MAX_SLOTS * array.array("i").itemsize)
 #: A request's prefix: its pickle's length.
 REQUEST = struct.Struct("<I")
 
@@ -59,13 +79,89 @@ def available() -> bool:
     return sys.platform.startswith("linux")
 
 
-def encode(answer: Any) -> list[Any]:
-    """``answer`` as one message: a header (prefix, buffer lengths, pickle) and its out-of-band buffers."""
+@dataclass
+class Message:
+    """One encoded answer: the parts to write in order, and the descriptors of slots new to the driver."""
+
+    parts: list[Any]
+    fds: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Release:
+    """A request that gives slot ``slot`` back to its worker."""
+
+    slot: int
+
+
+class SlotRing:
+    """A worker's shared-memory slots for one channel (thread-safe: the actor's thread fills them, the
+    event loop frees them)."""
+
+    def __init__(self, max_slots: int = MAX_SLOTS):
+        self.max_slots = max_slots
+        self._lock = threading.Lock()
+        self._slots: dict[int, tuple[int, mmap.mmap]] = {}
+        self._free: set[int] = set()
+        self._closed = False
+
+    def take(self, nbytes: int) -> tuple[int, mmap.mmap, int | None] | None:
+        """A free slot of ``nbytes`` or more (a new one while under the limit, with its descriptor to
+        send); ``None`` when all are lent out."""
+        with self._lock:
+            if self._closed:
+                return None
+            fits = [i for i in self._free if len(self._slots[i][1]) >= nbytes]
+            if fits:
+                slot = min(fits, key=lambda i: len(self._slots[i][1]))
+                self._free.discard(slot)
+                return slot, self._slots[slot][1], None
+            if len(self._slots) >= self.max_slots:
+                return None
+            fd = os.memfd_create("daskcollect-slot", os.MFD_CLOEXEC)
+            size = 1 << (nbytes - 1).bit_length()  # room for batches that grow a little
+            os.ftruncate(fd, size)
+            slot = len(self._slots)
+            self._slots[slot] = (fd, mmap.mmap(fd, size))
+            return slot, self._slots[slot][1], fd
+
+    def release(self, slot: int) -> None:
+        with self._lock:
+            if slot in self._slots:
+                self._free.add(slot)
+
+    def sizes(self) -> dict[str, int]:
+        return {"slots": len(self._slots), "free": len(self._free)}
+
+    def close(self) -> None:
+        """Closes every slot here (idempotent); the driver's mappings keep their memory while it needs it."""
+        with self._lock:
+            self._closed = True
+            slots, self._slots = self._slots, {}
+        for fd, mapped in slots.values():
+            os.close(fd)
+            with contextlib.suppress(BufferError):  # a view still exported: freed with it
+                mapped.close()
+
+
+def encode(answer: Any, ring: SlotRing | None = None) -> Message:
+    """``answer`` as one message: a header (prefix, buffer table, pickle), then its out-of-band buffers
+    that travel inline; large ones go into ``ring``'s slots where it has one free."""
     buffers: list[pickle.PickleBuffer] = []
     data = pickle.dumps(answer, protocol=5, buffer_callback=buffers.append)
-    raws = [b.raw() for b in buffers]
-    lengths = struct.pack(f"<{len(raws)}Q", *(r.nbytes for r in raws))
-    return [HEAD.pack(len(data), len(raws)) + lengths + data, *raws]
+    table, inline, fds = [], [], []
+    for raw in (b.raw() for b in buffers):
+        taken = ring.take(raw.nbytes) if ring is not None and raw.nbytes >= SLOT_MIN_BYTES else None
+        if taken is None:
+            table += [-1, raw.nbytes]
+            inline.append(raw)
+            continue
+        slot, mapped, fd = taken
+        mapped[: raw.nbytes] = raw
+        table += [slot, raw.nbytes]
+        fds += [fd] if fd is not None else []
+    head = HEAD.pack(len(data), len(buffers)) + struct.pack(f"<{len(table)}q", *table) + data
+    return Message([head, *inline], fds)
 
 
 def encode_request(value: Any) -> bytes:
@@ -78,17 +174,20 @@ class Reader:
 
     Args:
         sock: The connected socket, non-blocking.
+        on_release: Called with a slot's number when no batch views it any more (any thread).
     """
 
-    def __init__(self, sock: socket.socket):
-        self.sock = sock
+    def __init__(self, sock: socket.socket, on_release: Callable[[int], None] | None = None):
+        self.sock, self._on_release = sock, on_release
+        self._fds: list[int] = []  # received with the bytes, in order: one per slot new to this end
+        self._slots: dict[int, mmap.mmap] = {}
         self._start()
 
     def _start(self) -> None:
-        self._target = bytearray(HEAD.size)
+        self._target: Any = bytearray(HEAD.size)
         self._filled, self._stage = 0, "head"
-        self._data: bytearray | None = None
-        self._lengths: tuple[int, ...] = ()
+        self._data = bytearray()
+        self._table: list[tuple[int, int]] = []
         self._buffers: list[Any] = []
 
     def read(self) -> list[Any]:
@@ -102,9 +201,10 @@ class Reader:
             view = memoryview(self._target)[self._filled :]
             if view.nbytes:
                 try:
-                    n = self.sock.recv_into(view)
+                    n, ancillary, _, _ = self.sock.recvmsg_into([view], _ANCILLARY)
                 except (BlockingIOError, InterruptedError):
                     return done
+                self._take_fds(ancillary)
                 if n == 0:
                     raise EOFError("the channel closed")
                 self._filled += n
@@ -114,35 +214,74 @@ class Reader:
             if message is not None:
                 done.append(message)
 
+    def _take_fds(self, ancillary: list) -> None:
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+                self._fds += fds
+
     def _advance(self) -> Any:
         """Moves past a filled target; the message when it was the last."""
         if self._stage == "head":
             size, count = HEAD.unpack(self._target)
-            self._data, self._stage = bytearray(size), "lengths"
-            self._target, self._filled = bytearray(8 * count), 0
+            self._data, self._stage = bytearray(size), "table"
+            self._target, self._filled = bytearray(16 * count), 0
             return None
-        if self._stage == "lengths":
-            self._lengths = struct.unpack(f"<{len(self._target) // 8}Q", self._target)
+        if self._stage == "table":
+            flat = struct.unpack(f"<{len(self._target) // 8}q", self._target)
+            self._table = list(zip(flat[::2], flat[1::2]))
             self._target, self._filled, self._stage = self._data, 0, "buffers"
             return None
         if self._target is not self._data:
             self._buffers.append(self._target)
-        if len(self._buffers) < len(self._lengths):
-            # Not zeroed first, as bytearray(n) would be: a pixel batch's tens of MB are written once, by recv.
-            self._target, self._filled = numpy.empty(self._lengths[len(self._buffers)], numpy.uint8), 0
-            return None
+        while len(self._buffers) < len(self._table):
+            slot, nbytes = self._table[len(self._buffers)]
+            if slot < 0:
+                # Not zeroed first, as bytearray(n) would be: recv writes every byte.
+                self._target, self._filled = numpy.empty(nbytes, numpy.uint8), 0
+                return None
+            self._buffers.append(self._lend(slot, nbytes))
         message = pickle.loads(self._data, buffers=self._buffers)
         self._start()
         return message
+
+    def _lend(self, slot: int, nbytes: int) -> numpy.ndarray:
+        """A view of a slot's first ``nbytes`` that gives the slot back when it is garbage."""
+        if slot not in self._slots:
+            fd = self._fds.pop(0)
+            try:
+                self._slots[slot] = mmap.mmap(fd, os.fstat(fd).st_size)
+            finally:
+                os.close(fd)  # the mapping keeps the memory
+        view = numpy.frombuffer(self._slots[slot], numpy.uint8, count=nbytes)
+        if self._on_release is not None:
+            weakref.finalize(view, self._on_release, slot)
+        return view
+
+    def close(self) -> None:
+        """Closes the descriptors not mapped yet; the mappings go with the last batch viewing them."""
+        for fd in self._fds:
+            os.close(fd)
+        self._fds, self._slots = [], {}
 
 
 class _Channel:
     """The driver's end of one channel: its reader, and a lock for the requests written to it."""
 
     def __init__(self, sock: socket.socket):
-        self.sock, self.reader = sock, Reader(sock)
+        self.sock, self.reader = sock, Reader(sock, self.release)
         self.uid: int | None = None  # known from its hello
         self.lock = threading.Lock()
+
+    def send(self, value: Any) -> None:
+        with self.lock:
+            self.sock.sendall(encode_request(value))
+
+    def release(self, slot: int) -> None:
+        """Gives a slot back (from whichever thread dropped the last view of it)."""
+        with contextlib.suppress(OSError):  # the channel closed: its worker has gone, and so has the slot
+            self.send(Release(slot))
 
 
 class Inbox:
@@ -202,8 +341,7 @@ class Inbox:
         channel = self._channels.get(uid)
         if channel is None:
             raise OSError("its same-host channel closed")
-        with channel.lock:
-            channel.sock.sendall(encode_request(value))
+        channel.send(value)
 
     def drop(self, uid: int) -> None:
         """Closes ``uid``'s channel (any thread); nothing is reported for it."""
@@ -240,6 +378,7 @@ class Inbox:
         finally:
             for channel in list(self._channels.values()):
                 channel.sock.close()
+                channel.reader.close()
             self._channels.clear()
             self._selector.close()
 
@@ -265,6 +404,7 @@ class Inbox:
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(channel.sock)
         channel.sock.close()
+        channel.reader.close()
 
     def _read(self, channel: _Channel) -> None:
         try:

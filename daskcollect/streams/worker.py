@@ -24,6 +24,7 @@ handler: the rollout running then finishes, and nothing more starts.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import logging
@@ -127,15 +128,15 @@ def install(worker: Any) -> None:
         # Names this stream's schema on the driver (streams.packing): a new stream gets it again.
         token = secrets.randbits(63)
         if channel is not None:
-            method, deliver = "rollout_frames", channel.deliver
+            method, extra, deliver = "rollout_frames", (channel.ring,), channel.deliver
             reader = asyncio.ensure_future(channel.read_requests(requests, comm.abort))
         else:
-            method, reader = "rollout_serialized", None
+            method, extra, reader = "rollout_serialized", (), None
 
             def deliver(answer: dict) -> None:
                 out.send(_internals.unwrap_actor_result(answer))
 
-        runner = asyncio.ensure_future(_run(worker, actor, requests, method, deliver, token))
+        runner = asyncio.ensure_future(_run(worker, actor, requests, deliver, method, token, *extra))
         serving[actor] = "same-host" if channel is not None else comm.local_address
         try:
             while not runner.done():
@@ -159,13 +160,13 @@ def install(worker: Any) -> None:
 
 
 async def _run(
-    worker: Any, actor: str, requests: asyncio.Queue, method: str, deliver: Callable, token: int
+    worker: Any, actor: str, requests: asyncio.Queue, deliver: Callable, method: str, token: int, *extra: Any
 ) -> None:
     """Runs the queued rollout requests one after the other and delivers each answer."""
     while True:
         weights = await requests.get()
         try:
-            answer = await _internals.run_actor_method(worker, actor, method, weights, token)
+            answer = await _internals.run_actor_method(worker, actor, method, weights, token, *extra)
         except KeyError:  # the actor was released: the driver has dropped this collector
             return
         except Exception as exc:  # raised outside the rollout (Dask's runner): still an answer
@@ -185,8 +186,9 @@ class SameHostChannel:
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
+        self.ring = local.SlotRing()  # where the actor's thread puts large buffers (local.encode)
         self._loop = asyncio.get_running_loop()
-        self._queue: list[list[Any]] = []
+        self._queue: list[local.Message] = []
         self._writing: asyncio.Task | None = None
 
     @classmethod
@@ -197,7 +199,8 @@ class SameHostChannel:
         loop = asyncio.get_running_loop()
         try:
             await asyncio.wait_for(loop.sock_connect(sock, offer["name"]), timeout=5)
-            await loop.sock_sendall(sock, local.encode({"token": offer["token"], "uid": offer["uid"]})[0])
+            hello = local.encode({"token": offer["token"], "uid": offer["uid"]})
+            await loop.sock_sendall(sock, hello.parts[0])
         except (OSError, asyncio.TimeoutError) as exc:
             logger.info("no same-host channel to the driver (%s); answers take the Dask stream", exc)
             sock.close()
@@ -219,8 +222,12 @@ class SameHostChannel:
                     (length,) = local.REQUEST.unpack_from(pending)
                     if len(pending) < size + length:
                         break
-                    requests.put_nowait(pickle.loads(pending[size : size + length]))
+                    request = pickle.loads(pending[size : size + length])
                     del pending[: size + length]
+                    if isinstance(request, local.Release):
+                        self.ring.release(request.slot)
+                    else:
+                        requests.put_nowait(request)
         except OSError:
             pass
         on_close()
@@ -244,19 +251,27 @@ class SameHostChannel:
     async def _write(self) -> None:
         try:
             while self._queue:
-                parts = self._queue.pop(0)
-                await self._send(parts)
+                await self._send(self._queue.pop(0))
         except OSError:
             self.abort()  # the driver sees the channel closed
         finally:
             self._writing = None
 
-    async def _send(self, parts: list[Any]) -> None:
-        """All of ``parts``: one ``sendmsg`` for what the socket takes at once, then the rest."""
-        try:
-            sent = self.sock.sendmsg(parts)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
+    async def _send(self, message: local.Message) -> None:
+        """All of ``message``: one ``sendmsg`` for what the socket takes at once (with the descriptors
+        of new slots, which go with its first byte), then the rest."""
+        parts = message.parts
+        fds = array.array("i", message.fds)
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)] if message.fds else []
+        while True:
+            try:
+                sent = self.sock.sendmsg(parts, ancillary)
+                break
+            except (BlockingIOError, InterruptedError):
+                if not ancillary:
+                    sent = 0
+                    break
+                await self._writable()
         for part in parts:
             view = memoryview(part).cast("B")
             if sent >= view.nbytes:
@@ -265,7 +280,16 @@ class SameHostChannel:
             await self._loop.sock_sendall(self.sock, view[sent:])
             sent = 0
 
+    async def _writable(self) -> None:
+        ready = self._loop.create_future()
+        self._loop.add_writer(self.sock, lambda: ready.done() or ready.set_result(None))
+        try:
+            await ready
+        finally:
+            self._loop.remove_writer(self.sock)
+
     def abort(self) -> None:
-        """Closes the channel (idempotent); what is queued is dropped."""
+        """Closes the channel and its slots (idempotent); what is queued is dropped."""
         self._queue = []
         self.sock.close()
+        self.ring.close()

@@ -187,9 +187,12 @@ class CollectorActor:
         """
         return stream.serialized(self._packed_rollout(weights, stream_token))
 
-    def rollout_frames(self, weights: WeightsRef | None = None, stream_token: int | None = None) -> list:
-        """:meth:`rollout`, packed and encoded here for a same-host channel (:mod:`daskcollect.streams.local`)."""
-        return local.encode({"status": "OK", "result": self._packed_rollout(weights, stream_token)})
+    def rollout_frames(
+        self, weights: WeightsRef | None = None, stream_token: int | None = None, ring: Any = None
+    ) -> Any:
+        """:meth:`rollout`, packed and encoded here for a same-host channel
+        (:mod:`daskcollect.streams.local`), a large batch copied into one of ``ring``'s shared-memory slots."""
+        return local.encode({"status": "OK", "result": self._packed_rollout(weights, stream_token)}, ring)
 
     def _packed_rollout(self, weights: WeightsRef | None, stream_token: int | None) -> Rollout:
         rollout = self.rollout(weights)
