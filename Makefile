@@ -75,11 +75,14 @@ bench: $(RAY_STAMP)
 	$(PY) benchmarks/cold_start.py --repeats 3
 	$(PY) benchmarks/driver_cost.py --collectors 8 16 32 --pairs 3
 	$(PY) benchmarks/driver_cost.py --collectors 16 --pairs 3 --external
+	$(PY) benchmarks/driver_cost.py --collectors 8 16 --pairs 4 --with-dask-streams --out benchmarks/results/driver_cost-8-16.json
+	$(PY) benchmarks/driver_cost.py --env pixels --step 0.001 --collectors 4 8 --pairs 3 --with-dask-streams
 	$(PY) benchmarks/envelope.py --collectors 2 8 16 --hosts 4 --pairs 2 --seconds 8
 	$(PY) benchmarks/throughput.py --num-envs 8 --frames-per-batch 800 --total-frames 16800 --pairs 3
 	$(PY) benchmarks/probes_overhead.py --pairs 7
 	$(PY) benchmarks/cross_host.py --pairs 3
 	$(PY) benchmarks/cross_host.py --parts weights --rate 100mbit --sizes-mb 10 --out benchmarks/results/cross_host_100mbit.json
+	$(PY) benchmarks/cross_host.py --parts pixels --hosts 1 --workers-per-host 4 --pairs 3 --out benchmarks/results/cross_host_pixels.json
 	$(PY) benchmarks/scheduler_cost.py --workers 4 32 --seconds 20
 	$(PY) benchmarks/report.py
 

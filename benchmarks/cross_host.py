@@ -12,6 +12,10 @@ which).
 - **Collection** (P1-style): a 10 ms sleep-step env on every worker, sync and
   async, frames/s against the ideal (the collectors times one env stepping alone
   here), with the links shaped and unshaped, interleaved (``--pairs``).
+- **Pixels** (``--parts pixels``): async collection of 4x84x84 uint8 observations
+  (``StackedPixelEnvMaker``, a 1 ms sleep a step, 500-frame batches of 28 MB),
+  shaped and open links interleaved: MB/s into the driver, and the share of the
+  worker hosts' links (``--rate`` times ``--hosts``) that it uses.
 - **Weights** (P3 over hosts): a ``--sizes-mb`` update to every collector on the
   first 1, 2, ... 4 hosts through the Dask route (one scatter, then host to host
   along daskcollect's tree; the driver's shared memory is off, as it is for other
@@ -23,6 +27,7 @@ which).
   branching_factor=2)`` to them (the transfers alone, no loading).
 
     python benchmarks/cross_host.py --pairs 3
+    python benchmarks/cross_host.py --parts pixels --hosts 1 --workers-per-host 4 --pairs 3
 
 Needs root and iproute2; prints why and writes nothing otherwise. Writes
 benchmarks/results/cross_host.json and prints tables.
@@ -40,7 +45,7 @@ from _common import header, save
 from broadcast import time_update
 from distributed import Client
 from driver_cost import measure, single_env_fps
-from makers import BallastPolicy, SleepEnvMaker
+from makers import BallastPolicy, SleepEnvMaker, StackedPixelEnvMaker
 from netns import SimulatedHosts, has_netem, unavailable
 from tensordict.nn import TensorDictModule
 
@@ -64,7 +69,7 @@ parser.add_argument("--sizes-mb", type=float, nargs="+", default=[10, 100])
 parser.add_argument("--repeats", type=int, default=3)
 parser.add_argument("--warmup", type=int, default=1)
 parser.add_argument(
-    "--parts", nargs="+", choices=["collection", "weights"], default=["collection", "weights"]
+    "--parts", nargs="+", choices=["collection", "pixels", "weights"], default=["collection", "weights"]
 )
 parser.add_argument("--out", default=None)
 
@@ -113,6 +118,38 @@ def collection(rig: SimulatedHosts, address: str, args, qdisc: list[str]) -> dic
         for side, runs in raw.items()
     }
     return {"collectors": n, "raw": raw, "summary": summary}
+
+
+def link_mb_per_s(rate: str) -> float:
+    """A tc rate such as ``1gbit`` or ``100mbit`` in MB/s."""
+    units = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3}
+    for unit, bits in units.items():
+        if rate.endswith(unit):
+            return float(rate[: -len(unit)]) * bits / 8 / 1e6
+    raise ValueError(f"unknown rate {rate!r}")
+
+
+def pixels(rig: SimulatedHosts, address: str, args, qdisc: list[str]) -> dict:
+    """MB/s of pixel batches into the driver, and the share of the worker hosts' links it uses."""
+    n, capacity = args.hosts * args.workers_per_host, link_mb_per_s(args.rate) * args.hosts
+    raw: dict[str, list[dict]] = {}
+    for pair in range(args.pairs):
+        for shaped in (True, False):
+            rig.shape(qdisc if shaped else None)
+            collector = DaskCollector(
+                StackedPixelEnvMaker(0.001), None, frames_per_batch=500, total_frames=-1, num_collectors=n,
+                sync=False, client=address,
+            )  # fmt: skip
+            r = measure(collector, args.seconds, lambda: [])
+            r["link_share"] = r["mb_per_s"] / capacity
+            side = "shaped" if shaped else "open"
+            raw.setdefault(side, []).append(r)
+            print(f"pair {pair} pixels-{side:7s} {r['mb_per_s']:7.1f} MB/s  {r['link_share']:.3f} of the links  "
+                  f"driver {r['driver_ms_per_mb']:.3f} ms/MB", flush=True)  # fmt: skip
+    rig.shape(qdisc)
+    keys = ("mb_per_s", "link_share", "driver_ms_per_mb")
+    summary = {side: {k: statistics.median(r[k] for r in runs) for k in keys} for side, runs in raw.items()}
+    return {"collectors": n, "capacity_mb_per_s": capacity, "raw": raw, "summary": summary}
 
 
 def replicate(client: Client, payload: WeightsPayload, first: str, targets: list[str]) -> float:
@@ -208,6 +245,7 @@ def main(args) -> dict | None:
             "shaping": " ".join(qdisc),
             "netem": netem,
             "collection": collection(rig, address, args, qdisc) if "collection" in args.parts else None,
+            "pixels": pixels(rig, address, args, qdisc) if "pixels" in args.parts else None,
             "weights": fan_out(address, args) if "weights" in args.parts else None,
             "seconds": time.perf_counter() - start,
         }

@@ -180,7 +180,8 @@ def plot_scale(png: str) -> None:
     fig, (a, b, c) = _figure()
     p7 = load("driver_cost")
     if p7:
-        s = {**p7["summary"], **(load("driver_cost_64") or {}).get("summary", {})}  # 64: a run of its own
+        # An older run's 64 only where the latest run has none.
+        s = {**(load("driver_cost_64") or {}).get("summary", {}), **p7["summary"]}
         ns = sorted(int(n) for n in s)
         for side, label in (("dask", "DaskCollector async"), ("torchrl", "MultiAsyncCollector")):
             a.plot(ns, [s[str(n)][f"{side}_driver_ms_per_batch"] for n in ns], marker="o", label=label)
