@@ -256,7 +256,8 @@ class Reader:
                 os.close(fd)  # the mapping keeps the memory
         view = numpy.frombuffer(self._slots[slot], numpy.uint8, count=nbytes)
         if self._on_release is not None:
-            weakref.finalize(view, self._on_release, slot)
+            # Not at interpreter exit: the worker's end is gone then, or closes its slots itself.
+            weakref.finalize(view, self._on_release, slot).atexit = False
         return view
 
     def close(self) -> None:
