@@ -98,7 +98,7 @@ def collection(rig: SimulatedHosts, address: str, args, qdisc: list[str]) -> dic
     fpr = args.frames_per_rollout
     raw: dict[str, list[dict]] = {}
     for pair in range(args.pairs):
-        ideal = n * single_env_fps(args.step)
+        ideal = n * single_env_fps(SleepEnvMaker(args.step))
         for shaped in (True, False):
             rig.shape(qdisc if shaped else None)
             for sync in (True, False):
