@@ -273,11 +273,13 @@ class _Channel:
     def __init__(self, sock: socket.socket):
         self.sock, self.reader = sock, Reader(sock, self.release)
         self.uid: int | None = None  # known from its hello
-        self.lock = threading.Lock()
+        # Reentrant: a batch's release can run in a garbage collection that a sending thread triggered.
+        self.lock = threading.RLock()
 
     def send(self, value: Any) -> None:
+        data = encode_request(value)
         with self.lock:
-            self.sock.sendall(encode_request(value))
+            self.sock.sendall(data)
 
     def release(self, slot: int) -> None:
         """Gives a slot back (from whichever thread dropped the last view of it)."""
