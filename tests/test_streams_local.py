@@ -15,6 +15,7 @@ import torch
 from helpers import wait_until
 from tensordict import TensorDict
 
+from daskcollect.collection.polling import apoll_until
 from daskcollect.streams import local
 from daskcollect.streams.packing import Packer
 from daskcollect.streams.worker import SameHostChannel
@@ -133,7 +134,10 @@ def test_the_workers_end_sends_through_the_inbox_large_batches_in_slots_lent_unt
             gc.collect()
             lent = min(i + 1, local.MAX_SLOTS) if keep else 1
             want = {"slots": lent, "free": 0 if keep else 1}
-            assert await poll(lambda want=want: channel.ring.sizes() == want), (i, channel.ring.sizes())
+            assert await apoll_until(lambda want=want: channel.ring.sizes() == want, 5), (
+                i,
+                channel.ring.sizes(),
+            )
         channel.deliver({"status": "error", "exception": KeyError("lost")})
         (_, (failed, exc)) = await asyncio.to_thread(answers.get, timeout=5)
         inbox.drop(1)  # the driver closes the channel: the worker's end ends its stream
@@ -150,14 +154,6 @@ def test_the_workers_end_sends_through_the_inbox_large_batches_in_slots_lent_unt
         assert all(torch.equal(v["x"], big + i) for i, v in enumerate(kept))
     finally:
         inbox.close(5)
-
-
-async def poll(condition, timeout: float = 5) -> bool:
-    for _ in range(int(timeout / 0.01)):
-        if condition():
-            return True
-        await asyncio.sleep(0.01)
-    return condition()
 
 
 def test_a_worker_that_cannot_reach_the_inbox_stays_on_its_stream():

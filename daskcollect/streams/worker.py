@@ -51,7 +51,38 @@ OPEN = "daskcollect_stream"
 serving: dict[str, str] = {}
 
 
-class Sender:
+class QueuedWriter:
+    """Writes queued items in order from one task at a time, each round taking every item queued
+    since the last; a write that fails aborts (event-loop only). Subclasses say how a round is
+    written (:meth:`_write_all`) and how to close (:meth:`abort`)."""
+
+    def __init__(self) -> None:
+        self._buffer: list[Any] = []
+        self._writing: asyncio.Task | None = None
+
+    def _enqueue(self, item: Any) -> None:
+        self._buffer.append(item)
+        if self._writing is None:
+            self._writing = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            while self._buffer:
+                items, self._buffer = self._buffer, []
+                await self._write_all(items)
+        except OSError:
+            self.abort()  # the reading end sees it closed and reports it
+        finally:
+            self._writing = None
+
+    async def _write_all(self, items: list[Any]) -> None:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        raise NotImplementedError
+
+
+class Sender(QueuedWriter):
     """Writes messages on a comm in order, each write taking every message queued since the last.
 
     What ``BatchedSend`` does for workers' messages to the scheduler, without its interval: a
@@ -65,9 +96,8 @@ class Sender:
     """
 
     def __init__(self, comm: Any):
+        super().__init__()
         self.comm = comm
-        self._buffer: list[Any] = []
-        self._writing: asyncio.Task | None = None
 
     def send(self, message: Any) -> None:
         """Queues ``message``.
@@ -77,19 +107,10 @@ class Sender:
         """
         if self.comm.closed():
             raise CommClosedError(f"{self.comm!r} is closed")
-        self._buffer.append(message)
-        if self._writing is None:
-            self._writing = asyncio.ensure_future(self._write())
+        self._enqueue(message)
 
-    async def _write(self) -> None:
-        try:
-            while self._buffer:
-                payload, self._buffer = self._buffer, []
-                await self.comm.write(payload)
-        except OSError:
-            self.abort()  # the reader of this comm sees it closed and reports it
-        finally:
-            self._writing = None
+    async def _write_all(self, items: list[Any]) -> None:
+        await self.comm.write(items)
 
     def abort(self) -> None:
         """Drops what is queued and closes the comm at once (idempotent)."""
@@ -121,8 +142,9 @@ def install(worker: Any) -> None:
 
     async def daskcollect_stream(comm: Any, actor: str, same_host: dict | None = None) -> Any:
         requests: asyncio.Queue = asyncio.Queue()
-        channel = await SameHostChannel.connect(same_host) if same_host is not None else None
+        channel = None
         if same_host is not None:
+            channel = await SameHostChannel.connect(same_host)
             await comm.write({"same_host": channel is not None})
         out = Sender(comm)
         # Names this stream's schema on the driver (streams.packing): a new stream gets it again.
@@ -177,7 +199,7 @@ async def _run(
             return
 
 
-class SameHostChannel:
+class SameHostChannel(QueuedWriter):
     """The worker's end of a same-host channel (:mod:`daskcollect.streams.local`). Event-loop only.
 
     Args:
@@ -185,11 +207,10 @@ class SameHostChannel:
     """
 
     def __init__(self, sock: socket.socket):
+        super().__init__()
         self.sock = sock
         self.ring = local.SlotRing()  # where the actor's thread puts large buffers (local.encode)
         self._loop = asyncio.get_running_loop()
-        self._queue: list[local.Message] = []
-        self._writing: asyncio.Task | None = None
 
     @classmethod
     async def connect(cls, offer: dict) -> SameHostChannel | None:
@@ -244,18 +265,11 @@ class SameHostChannel:
                     {"status": "error", "exception": RuntimeError(f"{type(value).__name__}: {value}")}
                 )
                 logger.debug("an unpicklable exception sent as text (%s)", exc)
-        self._queue.append(value)
-        if self._writing is None:
-            self._writing = asyncio.ensure_future(self._write())
+        self._enqueue(value)
 
-    async def _write(self) -> None:
-        try:
-            while self._queue:
-                await self._send(self._queue.pop(0))
-        except OSError:
-            self.abort()  # the driver sees the channel closed
-        finally:
-            self._writing = None
+    async def _write_all(self, items: list[local.Message]) -> None:
+        for message in items:
+            await self._send(message)
 
     async def _send(self, message: local.Message) -> None:
         """All of ``message``: one ``sendmsg`` for what the socket takes at once (with the descriptors
@@ -290,6 +304,6 @@ class SameHostChannel:
 
     def abort(self) -> None:
         """Closes the channel and its slots (idempotent); what is queued is dropped."""
-        self._queue = []
+        self._buffer = []
         self.sock.close()
         self.ring.close()
