@@ -123,6 +123,7 @@ class WorkerSettings:
     gc_freeze: bool = True
     trim_sys_path: bool = True
     tick_interval: float | None = None
+    retire_signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1")
 
 
 @dataclass(frozen=True)
@@ -194,5 +195,6 @@ class Settings:
                 gc_freeze=worker["gc-freeze"],
                 trim_sys_path=worker["trim-sys-path"],
                 tick_interval=_seconds(section, "worker.tick-interval", optional=True),
+                retire_signals=tuple(dict.fromkeys(worker["retire-on-signals"])),
             ),
         )

@@ -4,13 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from daskcollect._internals.versions import attribute, missing, names
 
-
 # --- worker side ------------------------------------------------------------
+#: The module that ``dask worker`` runs (as ``__main__`` under ``python -m``, imported by the ``dask`` CLI).
+DASK_WORKER_CLI = "distributed.cli.dask_worker"
+
+
+def runs_dask_worker_cli() -> bool:
+    """Whether this process was started by ``dask worker``, or spawned by one (its worker processes)."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    return DASK_WORKER_CLI in sys.modules or getattr(spec, "name", None) == DASK_WORKER_CLI
+
+
 def tick_callback(worker: Any) -> Any | None:
     """The worker's ``tick`` periodic callback, or ``None`` where it has none."""
     try:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +35,7 @@ from daskcollect.settings import Settings
 from daskcollect.streams.serialization import register_serializers
 from daskcollect.weights.scheme import start_senders
 from daskcollect.worker.plugin import WorkerSetup
+from daskcollect.worker.signals import NANNY_PLUGIN_PREFIX, NannySignals
 
 
 class Session:
@@ -97,7 +97,10 @@ class Session:
         stack.callback(lambda: self.handle.close(self._timeout))  # and the worker plugins below with it
         client = self.handle.client
         setup = WorkerSetup(spec.cluster.worker_env, settings.worker)
-        self.handle.register_plugin(setup, name=f"daskcollect-{uuid.uuid4().hex[:12]}")
+        self.handle.register_plugin(setup, name=f"daskcollect-{setup.token[:12]}")
+        if settings.worker.retire_signals:
+            signals = NannySignals(settings.worker.retire_signals, setup.token)
+            self.handle.register_plugin(signals, name=f"{NANNY_PLUGIN_PREFIX}{setup.token[:12]}")
         self._hold(stack, install_retirement_hook(client, settings.timeouts.retire))
         self._hold(stack, install_monitor(client, settings.history, settings.timeouts.call))
         self.events = ClusterEvents(client, settings.timeouts.call)

@@ -37,6 +37,7 @@ from daskcollect.deploy.private import local_cluster
 from daskcollect.deploy.py_modules import ship
 from daskcollect.errors import ClusterConnectionError
 from daskcollect.settings import Settings
+from daskcollect.worker.signals import NANNY_PLUGIN_PREFIX
 
 logger = logging.getLogger(__name__)
 
@@ -87,8 +88,9 @@ class ClusterHandle:
             collection; a user's ``Client`` is never closed nor changed.
         cluster: The private cluster (a ``LocalCluster``, or its layout as a ``SpecCluster``), or ``None`` for a user's cluster.
         given: The user's ``Client``, where one was given.
-        plugins: The worker plugins registered through :meth:`register_plugin`,
-            removed from a user's cluster at :meth:`close`.
+        plugins: The worker and nanny plugins registered through
+            :meth:`register_plugin`, removed from a user's cluster at :meth:`close`
+            (nanny plugins by their name's :data:`NANNY_PLUGIN_PREFIX`).
     """
 
     client: Client
@@ -113,7 +115,11 @@ class ClusterHandle:
             return None
 
     def register_plugin(self, plugin: Any, name: str) -> None:
-        """Registers a worker plugin, to be removed when this handle closes."""
+        """Registers a worker or nanny plugin, to be removed when this handle closes.
+
+        A nanny plugin's name starts with :data:`NANNY_PLUGIN_PREFIX`: the
+        name alone then says how to remove it, also for a driver that re-attaches.
+        """
         self.client.register_plugin(plugin, name=name)
         self.plugins.append(name)
 
@@ -124,7 +130,7 @@ class ClusterHandle:
     def _unregister_plugins(self) -> None:
         for name in reversed(self.plugins):
             try:
-                self.client.unregister_worker_plugin(name)
+                self.client.unregister_worker_plugin(name, nanny=name.startswith(NANNY_PLUGIN_PREFIX))
             except Exception as exc:  # the scheduler is gone: there is nothing left to undo
                 logger.debug("could not remove worker plugin %s (%s)", name, exc)
         self.plugins.clear()

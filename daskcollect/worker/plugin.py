@@ -25,6 +25,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from daskcollect import _internals
 from daskcollect.settings import WorkerSettings
 from daskcollect.worker.layers import LAYERS, Layer
+from daskcollect.worker.signals import WORKER_HANDLERS, retire_worker_on, worker_process
 
 #: The names of the requests daskcollect adds to its workers (completion streams, the weights' tree).
 HANDLER_PREFIX = "daskcollect_"
@@ -79,7 +80,8 @@ class WorkerSetup(WorkerPlugin):
             ``sys.path``, and the worker's event-loop tick while the plugin is
             registered (Dask's 20 ms default wakes the event loop, which then
             takes the GIL from the rollout thread, 50 times a second; ``None``
-            leaves it).
+            leaves it); and the signals that retire the worker gracefully
+            (:mod:`daskcollect.worker.signals`).
     """
 
     idempotent = True
@@ -90,6 +92,7 @@ class WorkerSetup(WorkerPlugin):
         self.torch_threads = settings.torch_threads
         self.trim_sys_path = settings.trim_sys_path
         self.tick_interval = settings.tick_interval
+        self.retire_signals = settings.retire_signals
         #: Names this collection's layer on every worker (the plugin travels pickled).
         self.token = uuid.uuid4().hex
 
@@ -98,6 +101,10 @@ class WorkerSetup(WorkerPlugin):
         tick_ms = None if self.tick_interval is None else self.tick_interval * 1000
         tick = _internals.tick_callback(worker) if worker is not None else None
         LAYERS.push(self.token, Layer(self.env, tick_ms), tick)  # before any import reads the variables
+        if worker is not None and self.retire_signals:
+            WORKER_HANDLERS.acquire(
+                self.token, self.retire_signals, retire_worker_on(worker), worker_process()
+            )
         await asyncio.get_running_loop().run_in_executor(None, _load_collector_stack, self.torch_threads)
         if not first:
             return
@@ -120,6 +127,7 @@ class WorkerSetup(WorkerPlugin):
 
     def teardown(self, worker):
         tick = _internals.tick_callback(worker) if worker is not None else None
+        WORKER_HANDLERS.release(self.token)
         if not LAYERS.pop(self.token, tick):
             return  # another collection still uses this worker
         for position, path in _shared["trimmed"]:

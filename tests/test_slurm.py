@@ -1,0 +1,134 @@
+"""Collection on a real SLURM (one node on 127.0.0.1, ``tools/slurm.sh``), through dask-jobqueue's ``SLURMCluster``.
+
+What SLURM does to jobs, done for real: ``scancel``, preemption by a job of a
+higher-priority partition, walltimes ended by ``--lifetime``, and jobs that
+stay pending. Each run audits its frames: every batch full, no rollout twice,
+nothing lost. Skipped, with the reason, only where SLURM's packages are not
+installed (``.ci/run`` installs them) or the daemons cannot run as root.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import dask
+import pytest
+from distributed import Client
+from helpers import wait_until
+from makers import SleepEnvMaker, make_cartpole
+
+from daskcollect import DaskCollector
+from daskcollect.errors import NotEnoughWorkersError
+
+jobqueue = pytest.importorskip("dask_jobqueue", reason="the 'jobqueue' extra is not installed")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "tools", "slurm.sh")
+DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel")
+FAST = {"daskcollect.restart-delay": "0.2s"}
+
+
+def _missing() -> list[str]:
+    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin"])
+    return [name for name in DAEMONS if shutil.which(name, path=path) is None]
+
+
+def jobs() -> list[str]:
+    """The ids of the jobs SLURM knows, pending or running."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30, check=True)
+    return out.stdout.split()
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """SLURM up for this file's tests (started here if it was not), and no job of ours left after each."""
+    missing = _missing()
+    if missing:
+        pytest.skip(f"SLURM is not installed here ({', '.join(missing)} missing): "
+                    "apt-get install slurmctld slurmd slurm-client munge, as .ci/run does")  # fmt: skip
+    if os.geteuid() != 0:
+        pytest.skip("tools/slurm.sh runs SLURM's daemons as root, without systemd; this is not root")
+    was_up = subprocess.run([SCRIPT, "status"], timeout=60).returncode == 0
+    subprocess.run([SCRIPT, "start"], timeout=120, check=True)
+    assert jobs() == [], "SLURM already runs jobs that are not this file's"
+    yield
+    if not was_up:
+        subprocess.run([SCRIPT, "stop"], timeout=120, check=True)
+
+
+@pytest.fixture
+def slurm_cluster(slurm, tmp_path):
+    """Builds ``SLURMCluster``s whose workers suit collectors; closes them and checks no job is left."""
+    made = []
+
+    def make(**kwargs):
+        options = dict(
+            cores=1, processes=1, memory="1GB", walltime="00:10:00", interface="lo",
+            log_directory=str(tmp_path), python=f"exec {sys.executable}",
+            worker_extra_args=["--resources", "collector=1"],
+        )  # fmt: skip
+        options.update(kwargs)
+        made.append(jobqueue.SLURMCluster(**options))
+        return made[-1]
+
+    yield make
+    for cluster in made:
+        cluster.close()
+    assert wait_until(lambda: jobs() == [], timeout=60), f"jobs left: {jobs()}"
+
+
+def audit(batches, frames_per_batch: int) -> None:
+    """Every batch full, and no rollout (collector, rollout id) twice."""
+    assert all(b.numel() == frames_per_batch for b in batches)
+    pairs = [
+        (int(b["collector", "collector_id"][0]), int(b["collector", "rollout_id"][0])) for b in batches
+    ]
+    assert len(pairs) == len(set(pairs)), "a rollout came twice"
+
+
+def test_collect_on_slurm_jobs_sync_and_async_with_exact_frames(slurm_cluster):
+    cluster = slurm_cluster()
+    cluster.scale(jobs=2)
+    with Client(cluster, set_as_default=False) as client, dask.config.set(FAST):
+        client.wait_for_workers(2, timeout=60)
+        common = dict(frames_per_batch=200, total_frames=2000, num_collectors=2, client=client,
+                      worker_resources={"collector": 1})  # fmt: skip
+        with DaskCollector(make_cartpole, sync=True, **common) as collector:
+            sync = list(collector)
+        with DaskCollector(make_cartpole, sync=False, **common) as collector:
+            batches = list(collector)
+            stats = collector.stats()
+    assert [tuple(b.shape) for b in sync] == [(2, 100)] * 10  # frames_per_batch split between 2 collectors
+    assert sum(b.numel() for b in batches) == 2000 and stats["frames"] == 2000
+    audit(batches, 200)
+    assert {int(i) for b in batches for i in b["collector", "collector_id"].unique()} == {0, 1}
+    assert stats["rollouts_lost"] == 0 and stats["restarts"] == 0
+
+
+def test_scancel_retires_the_collector_gracefully_and_loses_nothing(slurm_cluster):
+    """SIGTERM to every process of the job: the rollout in flight is delivered, then the worker leaves."""
+    cluster = slurm_cluster()
+    cluster.scale(jobs=2)
+    with Client(cluster, set_as_default=False) as client, dask.config.set(FAST):
+        client.wait_for_workers(2, timeout=60)
+        with DaskCollector(
+            SleepEnvMaker(0.005), frames_per_batch=100, total_frames=1200, num_collectors="auto",
+            worker_resources={"collector": 1}, client=client, py_modules=["makers"],
+        ) as collector:  # fmt: skip
+            it = iter(collector)
+            batches = [next(it), next(it)]
+            job = next(iter(cluster.workers.values())).job_id
+            signalled = time.monotonic()
+            subprocess.run(["scancel", job], timeout=30, check=True)
+            assert wait_until(lambda: batches.append(next(it)) or collector.stats()["retired"] == 1, 60, 0)
+            to_retirement = time.monotonic() - signalled
+            batches += list(it)
+            stats = collector.stats()
+    print(f"scancel to retirement: {to_retirement:.2f} s")
+    assert to_retirement < 30  # within SLURM's KillWait: before the SIGKILL
+    assert sum(b.numel() for b in batches) == 1200 and stats["frames"] == 1200
+    audit(batches, 100)
+    assert stats["retired"] == 1 and stats["rollouts_lost"] == 0 and stats["restarts"] == 0
