@@ -57,6 +57,14 @@ class NotEnoughWorkersError(DaskCollectError, TimeoutError):
     """Too few eligible workers joined the cluster in time."""
 
 
+class JobsPendingError(NotEnoughWorkersError):
+    """Too few workers joined because the cluster's batch jobs wait in the job scheduler's queue.
+
+    ``jobs`` maps each job's id to its state and the scheduler's reason, such as
+    ``"PENDING (Resources)"``.
+    """
+
+
 class CollectorBuildError(DaskCollectError, RuntimeError):
     """A collector could not be built on its worker."""
 

@@ -22,7 +22,7 @@ from helpers import wait_until
 from makers import SleepEnvMaker, make_cartpole
 
 from daskcollect import DaskCollector
-from daskcollect.errors import NotEnoughWorkersError
+from daskcollect.errors import JobsPendingError, NotEnoughWorkersError
 
 jobqueue = pytest.importorskip("dask_jobqueue", reason="the 'jobqueue' extra is not installed")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -132,3 +132,24 @@ def test_scancel_retires_the_collector_gracefully_and_loses_nothing(slurm_cluste
     assert sum(b.numel() for b in batches) == 1200 and stats["frames"] == 1200
     audit(batches, 100)
     assert stats["retired"] == 1 and stats["rollouts_lost"] == 0 and stats["restarts"] == 0
+
+
+@pytest.mark.parametrize("num_collectors", [1, "auto"])
+def test_jobs_pending_in_the_queue_end_the_wait_with_their_states(slurm_cluster, num_collectors):
+    """A job SLURM holds back (here a begin time an hour away): a typed error names it and SLURM's reason."""
+    cluster = slurm_cluster(job_extra_directives=["--begin=now+3600"])
+    cluster.scale(jobs=1)
+    assert wait_until(lambda: len(jobs()) == 1, timeout=30)
+    started = time.monotonic()
+    with (
+        Client(cluster, set_as_default=False) as client,
+        dask.config.set({"daskcollect.timeouts.workers": "3s"}),
+        pytest.raises(JobsPendingError) as caught,
+    ):
+        DaskCollector(make_cartpole, frames_per_batch=100, total_frames=1000, num_collectors=num_collectors,
+                      worker_resources={"collector": 1}, client=client)  # fmt: skip
+    assert time.monotonic() - started < 30
+    job = jobs()[0]
+    assert caught.value.jobs == {job: "PENDING (BeginTime)"}
+    assert f"job {job} PENDING (BeginTime)" in str(caught.value)
+    assert isinstance(caught.value, NotEnoughWorkersError)  # what callers that wait for workers catch

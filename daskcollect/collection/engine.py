@@ -109,6 +109,9 @@ class Engine:
         #: Called with the index of a collector that left for good (following the cluster): what is kept
         #: per collector elsewhere goes with it.
         self.on_forget: list[Callable[[int], None]] = []
+        #: Turns a wait for workers that failed into the error to raise: the session names the batch
+        #: jobs that keep workers away (:class:`~daskcollect.deploy.jobs.BatchJobs`).
+        self.explain: Callable[[NotEnoughWorkersError], NotEnoughWorkersError] = lambda error: error
         self._weights_source = weights_source
         self._push = push or (lambda slots: self.send_weights(weights_source, slots))
         self._known_workers: set[str] = set()
@@ -212,11 +215,13 @@ class Engine:
         self._wait(
             lambda: self._start_missing(look_again=True) or self.pool.slots,
             timeout,
-            fail=lambda: NotEnoughWorkersError(
-                f"Every collector's worker left and no eligible worker joined within {timeout:g}s. "
-                "Add workers, or raise daskcollect.timeouts.workers.",
-                needed=1,
-                found=0,
+            fail=lambda: self.explain(
+                NotEnoughWorkersError(
+                    f"Every collector's worker left and no eligible worker joined within {timeout:g}s. "
+                    "Add workers, or raise daskcollect.timeouts.workers.",
+                    needed=1,
+                    found=0,
+                )
             ),
         )
         self._publish_run()
@@ -320,8 +325,8 @@ class Engine:
         self._wait(
             enough,
             max(deadline - time.monotonic(), 0.0),
-            fail=lambda: not_enough_workers(
-                n, len(found), resources, self.settings.timeouts.workers, self.pool.census
+            fail=lambda: self.explain(
+                not_enough_workers(n, len(found), resources, self.settings.timeouts.workers, self.pool.census)
             ),
         )
         return found[:n]

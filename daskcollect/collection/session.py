@@ -24,7 +24,9 @@ from daskcollect.collection.engine import Engine
 from daskcollect.collection.iteration import Progress
 from daskcollect.collection.spec import CollectionSpec
 from daskcollect.deploy.handle import ClusterHandle, connect
+from daskcollect.deploy.jobs import BatchJobs
 from daskcollect.deploy.workers import eligible_workers, wait_for_workers
+from daskcollect.errors import NotEnoughWorkersError
 from daskcollect.inference.driver import InferenceServers
 from daskcollect.leases.driver import Lease
 from daskcollect.membership.driver import ClusterEvents
@@ -96,6 +98,7 @@ class Session:
         self.handle = connect(spec.cluster, n_workers=(n or 1) + servers, settings=settings)
         stack.callback(lambda: self.handle.close(self._timeout))  # and the worker plugins below with it
         client = self.handle.client
+        self.jobs = BatchJobs(getattr(self.handle.given, "cluster", None))
         setup = WorkerSetup(spec.cluster.worker_env, settings.worker)
         self.handle.register_plugin(setup, name=f"daskcollect-{setup.token[:12]}")
         if settings.worker.retire_signals:
@@ -117,6 +120,7 @@ class Session:
         self.engine = Engine(client, spec, settings, n, recipes, module, push=self._refresh, run=run)
         stack.callback(lambda: self.engine.close(self._timeout))
         self.engine.watch(self.events)
+        self.engine.explain = self.jobs.explain
         self.engine.on_forget.append(self.progress.yielded.forget)
         self.engine.serve_from(self.servers)
         start_senders(spec.weights.schemes, self._owner, self._publish)
@@ -146,7 +150,10 @@ class Session:
             return n
         reserved = self.servers.addresses if self.servers is not None else set()
         resources, client = spec.cluster.worker_resources, self.handle.client
-        wait_for_workers(client, 1 + len(reserved), resources, settings.timeouts.workers)
+        try:
+            wait_for_workers(client, 1 + len(reserved), resources, settings.timeouts.workers)
+        except NotEnoughWorkersError as error:
+            raise self.jobs.explain(error) from None
         n = len(set(eligible_workers(client, resources, settings.timeouts.connect)) - reserved)
         spec.check_count(n)  # a count known before connecting was checked then
         return n
