@@ -42,6 +42,13 @@ def jobs() -> list[str]:
     return out.stdout.split()
 
 
+def state(job: str) -> str:
+    """SLURM's state of a job, ended ones included while it remembers them."""
+    out = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True, timeout=30)
+    fields = dict(f.split("=", 1) for f in out.stdout.split() if "=" in f)
+    return fields.get("JobState", "")
+
+
 @pytest.fixture(scope="module")
 def slurm():
     """SLURM up for this file's tests (started here if it was not), and no job of ours left after each."""
@@ -83,9 +90,7 @@ def slurm_cluster(slurm, tmp_path):
 def audit(batches, frames_per_batch: int) -> None:
     """Every batch full, and no rollout (collector, rollout id) twice."""
     assert all(b.numel() == frames_per_batch for b in batches)
-    pairs = [
-        (int(b["collector", "collector_id"][0]), int(b["collector", "rollout_id"][0])) for b in batches
-    ]
+    pairs = [(int(b["collector", "collector_id"][0]), int(b["collector", "rollout_id"][0])) for b in batches]
     assert len(pairs) == len(set(pairs)), "a rollout came twice"
 
 
@@ -153,3 +158,59 @@ def test_jobs_pending_in_the_queue_end_the_wait_with_their_states(slurm_cluster,
     assert caught.value.jobs == {job: "PENDING (BeginTime)"}
     assert f"job {job} PENDING (BeginTime)" in str(caught.value)
     assert isinstance(caught.value, NotEnoughWorkersError)  # what callers that wait for workers catch
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_run_of_three_walltimes_with_a_preemption_loses_nothing(slurm_cluster):
+    """dask-jobqueue's walltime pattern: ``--lifetime`` under a 1-minute walltime, and ``adapt``.
+
+    Over three walltimes every job retires gracefully before its walltime and
+    a fresh job replaces it; one job is also preempted on the way (a job of
+    the higher-priority partition needs its core: SIGTERM, then SIGKILL after
+    GraceTime). Nothing is lost, no rollout comes twice, every frame counted.
+    """
+    cluster = slurm_cluster(
+        walltime="00:01:00",
+        worker_extra_args=["--resources", "collector=1", "--lifetime", "40s", "--lifetime-stagger", "5s"],
+    )
+    cluster.adapt(minimum_jobs=2, maximum_jobs=2)
+    batches, retired_at, preempted = [], [], None
+    with Client(cluster, set_as_default=False) as client, dask.config.set(FAST):
+        client.wait_for_workers(2, timeout=60)
+        with DaskCollector(
+            SleepEnvMaker(0.01), frames_per_batch=100, total_frames=-1, num_collectors="auto",
+            worker_resources={"collector": 1}, client=client, py_modules=["makers"],
+        ) as collector:  # fmt: skip
+            started = time.monotonic()
+            for batch in collector:
+                batches.append(batch)
+                elapsed = time.monotonic() - started
+                if preempted is None and elapsed > 70:  # two fresh jobs by now: take one's core
+                    workers = jobs()
+                    cpus = 8 - len(workers) + 1  # every free core, and one of a worker's
+                    preemptor = subprocess.run(
+                        ["sbatch", "--parsable", "-p", "high", "-c", str(cpus), "-t", "1", "--wrap", "sleep 5"],
+                        capture_output=True, text=True, timeout=30, check=True,
+                    ).stdout.strip()  # fmt: skip
+                    preempted = ""
+                if preempted == "":  # SLURM shows the state of an ended job for MinJobAge (60 s)
+                    preempted = next((j for j in workers if state(j) == "PREEMPTED"), "")
+                stats = collector.stats()
+                if len(retired_at) < stats["retired"]:
+                    retired_at.append(round(elapsed))
+                    print(
+                        f"{elapsed:.0f}s {stats['live_collectors']} live, {stats['retired']} retired, jobs {jobs()}"
+                    )
+                if elapsed > 185:
+                    break
+            stats = collector.stats()
+    print(f"retirements at {retired_at} s; {len(batches)} batches; {stats}")
+    audit(batches, 100)
+    assert stats["frames"] == 100 * len(batches)
+    assert stats["rollouts_lost"] == 0 and stats["restarts"] == 0
+    assert stats["retired"] >= 6  # two jobs at a time, each gone within about 45 s, over three minutes
+    assert preempted, f"no worker job was preempted by job {preemptor}"
+    assert stats["live_collectors"] >= 1
+    ids = {int(i) for b in batches for i in b["collector", "collector_id"].unique()}
+    assert len(ids) >= 7  # a collector per job: the first two and their replacements
