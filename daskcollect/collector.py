@@ -355,9 +355,9 @@ class DaskCollector(WeightsAPI, BackgroundAPI, CheckpointAPI, BaseCollector):
 
     def _background_batches(self, fresh: bool) -> Iterator[None]:
         self._progress.begin(fresh)
-        yield from self._batches()
+        yield from self._batches(background=True)
 
-    def _batches(self) -> Iterator[TensorDictBase | MemmapBatch | None]:
+    def _batches(self, background: bool = False) -> Iterator[TensorDictBase | MemmapBatch | None]:
         out = Output(self.spec.batch.sync, self._engine.ledger)
 
         def emit(rollouts: list) -> Any:
@@ -365,7 +365,8 @@ class DaskCollector(WeightsAPI, BackgroundAPI, CheckpointAPI, BaseCollector):
                             postproc=self.postproc)  # fmt: skip
 
         report = functools.partial(self._session.reporter.report, self._snapshot)
-        yield from batches(self._engine, self._progress, self.settings.async_depth, emit, report)
+        demand = None if background or not self.settings.scale_to_demand else self._session.demand
+        yield from batches(self._engine, self._progress, self.settings.async_depth, emit, report, demand)
 
     # --- monitoring -------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -377,6 +378,10 @@ class DaskCollector(WeightsAPI, BackgroundAPI, CheckpointAPI, BaseCollector):
             (lost or stuck collectors replaced), ``env_restarts`` (``on_env_error="restart"``),
             ``retired`` (closed as their worker retired, losing nothing), ``live_collectors``,
             ``reattached`` (indices taken over from a dead driver, see ``resume_from``),
+            ``worker_seconds`` and ``worker_seconds_per_kframe`` (allocated worker time held
+            by the collectors, by resource class, see :mod:`daskcollect.monitoring.cost`),
+            ``learner_fps`` and ``wanted_collectors`` (what ``Adaptive`` is told, see
+            :mod:`daskcollect.scaling`; with ``daskcollect.scaling.follow-demand``),
             ``inference`` (per server) and ``collectors``: per collector, the fields of
             :class:`~daskcollect.monitoring.stats.CollectorStats`.
         """
@@ -384,9 +389,17 @@ class DaskCollector(WeightsAPI, BackgroundAPI, CheckpointAPI, BaseCollector):
         if self._engine is not None:
             out.update(self._engine.stats().as_dict())
             out["reattached"] = list(self._engine.adopted)
+            self._session.worker_time.seen(c["collector_id"] for c in out["collectors"])
+            out.update(self._session.worker_time.as_dict(out["frames"]))
+            if self.settings.scale_to_demand:
+                out.update(self._session.demand.as_dict(out["collectors"], self._fixed_collectors()))
         if self._session.servers is not None:
             out["inference"] = self._session.servers.stats()
         return out
+
+    def _fixed_collectors(self) -> int | None:
+        """The collectors asked for, or ``None`` when following the cluster (``num_collectors="auto"``)."""
+        return None if self.spec.follow else self._engine.requested
 
     def _snapshot(self) -> dict[str, Any]:
         elapsed = time.monotonic() - self._started

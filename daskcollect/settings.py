@@ -140,6 +140,7 @@ class Settings:
     driver_torch_threads: int | str | None
     shared_memory_dir: str | None
     same_host_streams: bool
+    scale_to_demand: bool
     max_unreleased: int
     reattach_grace: float | None
     local_host: str
@@ -182,6 +183,7 @@ class Settings:
             driver_torch_threads=section["driver"]["torch-threads"],
             shared_memory_dir=weights["shared-memory-dir"] if weights["shared-memory"] else None,
             same_host_streams=section["streams"]["same-host"],
+            scale_to_demand=section["scaling"]["follow-demand"],
             max_unreleased=section["memmap"]["max-unreleased"],
             reattach_grace=_seconds(section, "reattach.grace-period", optional=True) or None,
             local_host=local["host"],

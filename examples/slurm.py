@@ -8,6 +8,9 @@ worker, as DaskCollector expects. The job script prologue sets the workers'
 environment before Python starts. Workers retire themselves a few minutes
 before the walltime (--lifetime): daskcollect closes their collectors first,
 so no rollout is lost, and adapt() submits fresh jobs that get collectors.
+A job that SLURM ends anyway (preemption, scancel) retires the same way on
+its SIGTERM, and `--signal=B:USR1@120` gives two minutes' notice: the job's
+shell `exec`s the worker, so the signal reaches it (docs/slurm.md).
 
 On a login node whose public interface you may not bind, pass --interface
 (e.g. ib0); the default "lo" keeps everything on loopback for local trials.
@@ -44,6 +47,8 @@ def build_cluster(partition=None, account=None, interface="lo", walltime="01:00:
         memory="4GB",
         walltime=walltime,
         interface=interface,  # cores=1 already asks SLURM for --cpus-per-task=1
+        python=f"exec {sys.executable}",  # the job's shell becomes the worker: --signal=B: reaches it
+        job_extra_directives=["--signal=B:USR1@120"],  # retire gracefully 2 minutes before the end
         job_script_prologue=[
             "export OMP_NUM_THREADS=1",
             # Collectors that start sub-processes (ParallelEnv) need non-daemonic workers.

@@ -14,6 +14,7 @@ import torch
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from distributed.protocol import to_serialize
 from distributed.utils_test import gen_cluster
+from helpers import fresh_python
 from tornado import web
 from tornado.ioloop import PeriodicCallback
 
@@ -502,3 +503,29 @@ def test_the_fence_scan_sees_each_kind_of_breach(tmp_path):
         "wire format",
     ]
     assert all(any(kind in b for b in found) for kind in kinds), found
+
+
+@gen_cluster(client=True, nthreads=TWO)
+async def test_adaptive_targets_handler_is_what_adaptive_asks_and_can_be_replaced(c, s, a, b):
+    original = _internals.adaptive_target_handler(s)
+    assert await c.scheduler.adaptive_target() == original()  # Adaptive.target's RPC reaches it
+
+    async def five(**kwargs):
+        return 5
+
+    _internals.set_adaptive_target_handler(s, five)
+    try:
+        assert await c.scheduler.adaptive_target() == 5
+    finally:
+        _internals.set_adaptive_target_handler(s, original)
+    assert _internals.adaptive_target_handler(s) is original
+    assert {_internals.worker_state_address(ws) for ws in s.workers.values()} == {a.address, b.address}
+    with pytest.raises(DaskVersionError, match="adaptive_target"):
+        _internals.adaptive_target_handler(NotAScheduler())
+
+
+def test_a_process_that_loaded_dask_workers_command_line_knows_it():
+    """True where ``dask worker``'s module is loaded (its process, the worker processes it spawns)."""
+    assert not _internals.runs_dask_worker_cli()  # a driver that hosts nannies is not one
+    code = "import distributed.cli.dask_worker\nfrom daskcollect import _internals\nprint(_internals.runs_dask_worker_cli())"
+    assert fresh_python(code).strip().splitlines()[-1] == "True"

@@ -35,11 +35,13 @@ def test_slurm_job_script():
     finally:
         cluster.close()
     for line in ["#SBATCH -p rl", "#SBATCH -A proj42", "#SBATCH -t 01:00:00", "#SBATCH --cpus-per-task=1",
-                 "export OMP_NUM_THREADS=1", "export DASK_DISTRIBUTED__WORKER__DAEMON=False"]:  # fmt: skip
+                 "export OMP_NUM_THREADS=1", "export DASK_DISTRIBUTED__WORKER__DAEMON=False",
+                 "#SBATCH --signal=B:USR1@120"]:  # fmt: skip
         assert line in script.splitlines(), line
     directives = [line for line in script.splitlines() if line.startswith("#SBATCH")]
     assert len(directives) == len(set(directives)), directives  # none twice
     command = script.strip().splitlines()[-1]
+    assert command.startswith(f"exec {sys.executable} -m distributed.cli.dask_worker")  # B: signals reach it
     for option in ["--nthreads 1", "--resources collector=1", "--lifetime 55m", "--interface lo", "--nanny"]:
         assert option in command, option
     assert "127.0.0.1" in command  # the scheduler is on loopback (interface="lo")

@@ -64,7 +64,7 @@ KillWait=$GRACE
 MinJobAge=60
 NodeName=$(hostname) NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=16000 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO PriorityTier=1 GraceTime=$GRACE
-PartitionName=high Nodes=ALL MaxTime=INFINITE State=UP OverSubscribe=NO PriorityTier=2 PreemptMode=OFF
+PartitionName=high Nodes=ALL MaxTime=INFINITE State=UP OverSubscribe=NO PriorityTier=2
 EOF
 }
 

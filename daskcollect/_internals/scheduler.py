@@ -23,6 +23,28 @@ def set_retire_handler(scheduler: Any, handler: Callable) -> None:
     scheduler.handlers["retire_workers"] = handler
 
 
+def adaptive_target_handler(scheduler: Any) -> Callable:
+    """The scheduler's ``adaptive_target`` RPC handler (what ``Adaptive.target`` asks)."""
+    try:
+        return scheduler.handlers["adaptive_target"]
+    except (AttributeError, KeyError) as exc:
+        raise missing("Scheduler.handlers['adaptive_target']", exc) from None
+
+
+def set_adaptive_target_handler(scheduler: Any, handler: Callable) -> None:
+    """Replaces the scheduler's ``adaptive_target`` RPC handler."""
+    adaptive_target_handler(scheduler)  # checks that it exists
+    scheduler.handlers["adaptive_target"] = handler
+
+
+def worker_state_address(ws: Any) -> str:
+    """The address of a scheduler's ``WorkerState`` (what ``valid_workers_downscaling`` gets)."""
+    try:
+        return str(ws.address)
+    except AttributeError as exc:
+        raise missing("WorkerState.address", exc) from None
+
+
 #: How ``Worker.close_gracefully`` (a worker's ``--lifetime``) starts the ``stimulus_id``
 #: of the retirement it asks the scheduler for.
 SELF_RETIREMENT = "worker-close-gracefully"

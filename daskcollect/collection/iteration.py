@@ -17,6 +17,7 @@ strategy for a pass. Runs on the driver.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 from daskcollect.collection.checkpoint import Yielded
 from daskcollect.collection.engine import Engine, Lost
 from daskcollect.collection.pool import Slot
+from daskcollect.scaling.driver import Demand
 from daskcollect.worker.rollout import Rollout
 
 #: Batches still to yield in this pass (``None``: endless).
@@ -224,6 +226,7 @@ def batches(
     depth: int,
     emit: Callable[[list[Rollout]], Any],
     report: Callable[[], None],
+    demand: Demand | None = None,
 ) -> Iterator[Any]:
     """One pass of the collection's strategy: each batch counted, reported, then emitted.
 
@@ -233,6 +236,8 @@ def batches(
         depth: Async mode's calls queued per collector (``daskcollect.async-depth``).
         emit: The output stage.
         report: Sends a throttled snapshot to the dashboard.
+        demand: Told how long the learner held each batch (``None`` in the background, where
+            nothing waits on a learner).
     """
     spec = engine.spec
 
@@ -246,4 +251,7 @@ def batches(
     for rollouts in source:
         progress.count(rollouts)
         report()
+        held = time.monotonic()
         yield emit(rollouts)
+        if demand is not None:
+            demand.consumed(sum(r.frames for r in rollouts), time.monotonic() - held)

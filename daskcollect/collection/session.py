@@ -30,9 +30,11 @@ from daskcollect.errors import NotEnoughWorkersError
 from daskcollect.inference.driver import InferenceServers
 from daskcollect.leases.driver import Lease
 from daskcollect.membership.driver import ClusterEvents
+from daskcollect.monitoring.cost import WorkerTime
 from daskcollect.monitoring.driver import Reporter, install_monitor
 from daskcollect.reattach import driver as reattach
 from daskcollect.retirement.driver import install_retirement_hook
+from daskcollect.scaling.driver import Demand, install_demand_scaling
 from daskcollect.settings import Settings
 from daskcollect.streams.serialization import register_serializers
 from daskcollect.weights.scheme import start_senders
@@ -80,6 +82,8 @@ class Session:
         self.reporter: Reporter | None = None
         #: What the driver yielded (TorchRL's counters, the pass, each collector's last rollout).
         self.progress = Progress()
+        self.demand = Demand()
+        self.worker_time = WorkerTime(spec.cluster.worker_resources)
 
     # --- opening --------------------------------------------------------------
     def open(self) -> None:
@@ -105,6 +109,8 @@ class Session:
             signals = NannySignals(settings.worker.retire_signals, setup.token)
             self.handle.register_plugin(signals, name=f"{NANNY_PLUGIN_PREFIX}{setup.token[:12]}")
         self._hold(stack, install_retirement_hook(client, settings.timeouts.retire))
+        if settings.scale_to_demand:
+            self._hold(stack, install_demand_scaling(client, settings.timeouts.call))
         self._hold(stack, install_monitor(client, settings.history, settings.timeouts.call))
         self.events = ClusterEvents(client, settings.timeouts.call)
         stack.callback(self.events.close)

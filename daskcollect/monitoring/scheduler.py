@@ -57,7 +57,16 @@ def _totals(c: dict) -> list[tuple[str, Any]]:
         ("policy lag", _mean(c.get("policy_lag"))), ("episodes", c.get("episodes")),
         ("return (mean)", _mean(c.get("episode_return_mean"))),
         ("length (mean)", _mean(c.get("episode_length_mean"))),
+        ("collectors wanted", c.get("wanted_collectors")),
+        ("worker-s / 1k frames", _by_class(c.get("worker_seconds_per_kframe"))),
     ]  # fmt: skip
+
+
+def _by_class(value: Any) -> str | None:
+    """``{"collector=1": 12.5}`` as ``collector=1: 12.50``."""
+    if not isinstance(value, dict):
+        return None
+    return ", ".join(f"{k}: {_mean(v) or '-'}" for k, v in value.items())
 
 
 def _mean(value: Any) -> str | None:

@@ -1,0 +1,83 @@
+"""The scheduler's side of scaling to demand: :class:`DemandScaling` (runs on the scheduler).
+
+It imports nothing heavy: the scheduler unpickles it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from daskcollect import _internals
+from daskcollect.leases.scheduler import SharedPlugin
+from daskcollect.monitoring.scheduler import STATS_TOPIC
+from daskcollect.retirement import ACTOR_KEY_PREFIX
+from daskcollect.scaling import SCALING_PLUGIN
+
+logger = logging.getLogger(__name__)
+
+#: Every daskcollect actor's key starts so; collectors' with :data:`ACTOR_KEY_PREFIX`.
+DASKCOLLECT_PREFIX = "daskcollect-"
+
+
+class DemandScaling(SharedPlugin):
+    """Feeds the collections' wanted collectors into ``adaptive_target``; see :mod:`daskcollect.scaling`."""
+
+    name = SCALING_PLUGIN
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: collection id -> the collectors it wants (from its latest stats).
+        self.wanted: dict[str, int] = {}
+        self._scheduler: Any = None
+        self._original: Any = None
+
+    async def start(self, scheduler: Any) -> None:
+        self._scheduler = scheduler
+        current = _internals.adaptive_target_handler(scheduler)
+        if getattr(current, "daskcollect", False):
+            return
+        self._original = current
+
+        async def adaptive_target(**kwargs: Any) -> int:
+            return await self.target(kwargs)
+
+        adaptive_target.daskcollect = True  # type: ignore[attr-defined]
+        _internals.set_adaptive_target_handler(scheduler, adaptive_target)
+
+    async def close(self) -> None:
+        if self._scheduler is not None and self._original is not None:
+            _internals.set_adaptive_target_handler(self._scheduler, self._original)
+            self._original = None
+
+    def log_event(self, topic: str, msg: Any) -> None:
+        if topic != STATS_TOPIC or not isinstance(msg, dict) or "id" not in msg:
+            return
+        wanted = msg.get("wanted_collectors")
+        if msg.get("state") == "closed" or wanted is None:
+            self.wanted.pop(msg["id"], None)
+        else:
+            self.wanted[msg["id"]] = int(wanted)
+
+    async def target(self, kwargs: dict[str, Any]) -> int:
+        """The larger of Dask's target and the workers the collections want."""
+        kwargs.pop("comm", None)
+        dask_target = self._original(**kwargs)
+        if hasattr(dask_target, "__await__"):
+            dask_target = await dask_target
+        wanted = sum(self.wanted.values())
+        if wanted:
+            # Workers that host other actors (inference servers, replay buffers) stay on top.
+            others = sum(
+                1 for a in _internals.worker_addresses_by_name(self._scheduler) if self._hosts_other(a)
+            )
+            return max(int(dask_target), wanted + others)
+        return int(dask_target)
+
+    def _hosts_other(self, address: str) -> bool:
+        keys = _internals.actor_keys(self._scheduler, address)
+        return any(k.startswith(DASKCOLLECT_PREFIX) and not k.startswith(ACTOR_KEY_PREFIX) for k in keys)
+
+    def valid_workers_downscaling(self, scheduler: Any, workers: list[Any]) -> list[Any]:
+        """Leaves out the workers that host a daskcollect actor other than a collector."""
+        return [ws for ws in workers if not self._hosts_other(_internals.worker_state_address(ws))]
