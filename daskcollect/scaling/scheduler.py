@@ -6,6 +6,7 @@ It imports nothing heavy: the scheduler unpickles it.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from daskcollect import _internals
@@ -15,6 +16,9 @@ from daskcollect.retirement import ACTOR_KEY_PREFIX
 from daskcollect.scaling import SCALING_PLUGIN
 
 logger = logging.getLogger(__name__)
+
+#: Seconds after which a collection's demand, not renewed by its stats (sent every second), is dropped.
+STALE_AFTER = 30.0
 
 #: Every daskcollect actor's key starts so; collectors' with :data:`ACTOR_KEY_PREFIX`.
 DASKCOLLECT_PREFIX = "daskcollect-"
@@ -27,8 +31,8 @@ class DemandScaling(SharedPlugin):
 
     def __init__(self) -> None:
         super().__init__()
-        #: collection id -> the collectors it wants (from its latest stats).
-        self.wanted: dict[str, int] = {}
+        #: collection id -> the collectors it wants (from its latest stats), and when that came.
+        self.wanted: dict[str, tuple[int, float]] = {}
         self._scheduler: Any = None
         self._original: Any = None
 
@@ -57,7 +61,7 @@ class DemandScaling(SharedPlugin):
         if msg.get("state") == "closed" or wanted is None:
             self.wanted.pop(msg["id"], None)
         else:
-            self.wanted[msg["id"]] = int(wanted)
+            self.wanted[msg["id"]] = (int(wanted), time.monotonic())
 
     async def target(self, kwargs: dict[str, Any]) -> int:
         """The larger of Dask's target and the workers the collections want."""
@@ -65,7 +69,11 @@ class DemandScaling(SharedPlugin):
         dask_target = self._original(**kwargs)
         if hasattr(dask_target, "__await__"):
             dask_target = await dask_target
-        wanted = sum(self.wanted.values())
+        # A driver that died without closing stops reporting: its demand goes stale, then is forgotten.
+        now = time.monotonic()
+        for key in [k for k, (_, at) in self.wanted.items() if now - at > STALE_AFTER]:
+            del self.wanted[key]
+        wanted = sum(n for n, _ in self.wanted.values())
         if wanted:
             # Workers that host other actors (inference servers, replay buffers) stay on top.
             others = sum(
