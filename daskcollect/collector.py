@@ -378,10 +378,8 @@ class DaskCollector(WeightsAPI, BackgroundAPI, CheckpointAPI, BaseCollector):
             (lost or stuck collectors replaced), ``env_restarts`` (``on_env_error="restart"``),
             ``retired`` (closed as their worker retired, losing nothing), ``live_collectors``,
             ``reattached`` (indices taken over from a dead driver, see ``resume_from``),
-            ``worker_seconds`` and ``worker_seconds_per_kframe`` (allocated worker time held
-            by the collectors, by resource class, see :mod:`daskcollect.monitoring.cost`),
-            ``learner_fps`` and ``wanted_collectors`` (what ``Adaptive`` is told, see
-            :mod:`daskcollect.scaling`; with ``daskcollect.scaling.follow-demand``),
+            ``worker_seconds``, ``worker_seconds_per_kframe`` (by resource class, see
+            :mod:`daskcollect.monitoring.cost`), ``learner_fps``, ``wanted_collectors`` (:mod:`daskcollect.scaling`),
             ``inference`` (per server) and ``collectors``: per collector, the fields of
             :class:`~daskcollect.monitoring.stats.CollectorStats`.
         """
@@ -389,17 +387,10 @@ class DaskCollector(WeightsAPI, BackgroundAPI, CheckpointAPI, BaseCollector):
         if self._engine is not None:
             out.update(self._engine.stats().as_dict())
             out["reattached"] = list(self._engine.adopted)
-            self._session.worker_time.seen(c["collector_id"] for c in out["collectors"])
-            out.update(self._session.worker_time.as_dict(out["frames"]))
-            if self.settings.scale_to_demand:
-                out.update(self._session.demand.as_dict(out["collectors"], self._fixed_collectors()))
+            out.update(self._session.cost_and_demand(out["frames"], out["collectors"]))
         if self._session.servers is not None:
             out["inference"] = self._session.servers.stats()
         return out
-
-    def _fixed_collectors(self) -> int | None:
-        """The collectors asked for, or ``None`` when following the cluster (``num_collectors="auto"``)."""
-        return None if self.spec.follow else self._engine.requested
 
     def _snapshot(self) -> dict[str, Any]:
         elapsed = time.monotonic() - self._started

@@ -164,6 +164,16 @@ class Session:
         spec.check_count(n)  # a count known before connecting was checked then
         return n
 
+    def cost_and_demand(self, frames: int, collectors: list[dict[str, Any]]) -> dict[str, Any]:
+        """The stats of :mod:`daskcollect.monitoring.cost` and, if on, of :mod:`daskcollect.scaling`."""
+        self.worker_time.seen(c["collector_id"] for c in collectors)
+        out = self.worker_time.as_dict(frames)
+        if self.settings.scale_to_demand:
+            # A set num_collectors wants its own workers; following the cluster, the learner decides.
+            fixed = None if self.spec.follow or self.engine is None else self.engine.requested
+            out.update(self.demand.as_dict(collectors, fixed))
+        return out
+
     def _stop_senders(self) -> None:
         for scheme in (self.spec.weights.schemes or {}).values():
             scheme.shutdown()
