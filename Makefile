@@ -84,6 +84,7 @@ bench: $(RAY_STAMP)
 	$(PY) benchmarks/cross_host.py --parts weights --rate 100mbit --sizes-mb 10 --out benchmarks/results/cross_host_100mbit.json
 	$(PY) benchmarks/cross_host.py --parts pixels --hosts 1 --workers-per-host 4 --pairs 3 --out benchmarks/results/cross_host_pixels.json
 	$(PY) benchmarks/scheduler_cost.py --workers 4 32 --seconds 20
+	tools/slurm.sh start && $(PY) benchmarks/slurm_demand.py --png docs/img/slurm_demand.png
 	$(PY) benchmarks/report.py
 
 # Every benchmark with tiny budgets, into a scratch folder: they keep working (CI runs this).
@@ -111,6 +112,10 @@ bench-smoke: $(RAY_STAMP)
 	$(PY) benchmarks/reattach.py --build-seconds 0.5 --pairs 1 --out $(SMOKE)/reattach.json
 	$(PY) benchmarks/central_inference.py --sizes 64 --collectors 2 --pairs 1 --total-frames 800 --out $(SMOKE)/central.json --png $(SMOKE)/central.png
 	$(PY) benchmarks/scheduler_cost.py --workers 2 --seconds 1 --out $(SMOKE)/scheduler_cost.json
+	if [ "$$(id -u)" = 0 ] && command -v sbatch >/dev/null; then \
+	  tools/slurm.sh start && $(PY) benchmarks/slurm_demand.py --phase 10 --max-jobs 3 --out $(SMOKE)/slurm_demand.json --png $(SMOKE)/slurm_demand.png; \
+	  rc=$$?; tools/slurm.sh stop; exit $$rc; \
+	else echo "bench-smoke: no SLURM here (tools/slurm.sh needs root and slurmctld): slurm_demand.py left out"; fi
 	cp docs/benchmarks.md $(SMOKE)/benchmarks.md
 	$(PY) benchmarks/report.py --doc $(SMOKE)/benchmarks.md --png $(SMOKE)/benchmarks.png --scale-png $(SMOKE)/scale.png --cross-host-png $(SMOKE)/cross_host.png
 	rm -rf $(SMOKE)

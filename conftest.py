@@ -47,6 +47,7 @@ def run_as_script(example: Example) -> None:
 #: The files that take longest (CPU seconds, measured 2026-12-07): handed to the pytest-xdist workers first, so
 #: that no long file starts last and runs alone at the end.
 LONGEST_FIRST = (
+    "tests/test_slurm.py",  # the longest by wall time, mostly waiting on SLURM: beside the others from the start
     "tests/test_examples.py",
     "tests/test_collection_engine.py",
     "tests/test_torchrl_parity.py",
