@@ -281,7 +281,9 @@ def test_adapt_follows_a_learner_whose_pace_changes_4x(slurm_cluster):
             stats = collector.stats()
     print(f"jobs followed the learner in {took} s")
     assert frames == stats["frames"] == 100 * len(pairs)  # every frame counted, no rollout twice
-    assert stats["rollouts_lost"] == 0 and stats["restarts"] == 0 and stats["retired"] >= 1  # closed gracefully
+    assert (
+        stats["rollouts_lost"] == 0 and stats["restarts"] == 0 and stats["retired"] >= 1
+    )  # closed gracefully
 
 
 def docs_example() -> str:
