@@ -75,6 +75,7 @@ def slurm_cluster(slurm, tmp_path):
         options = dict(
             cores=1, processes=1, memory="1GB", walltime="00:10:00", interface="lo",
             log_directory=str(tmp_path), python=f"exec {sys.executable}",
+            scheduler_options={"dashboard_address": ":0"},  # 8787 may be another test's
             worker_extra_args=["--resources", "collector=1"],
         )  # fmt: skip
         options.update(kwargs)
@@ -298,6 +299,9 @@ def test_the_docs_slurm_example_runs_as_written(slurm, tmp_path):
     script = tmp_path / "slurm_example.py"
     script.write_text(docs_example())
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHONWARNINGS", "DASK_"))}
+    env["DASK_JOBQUEUE__SLURM__SCHEDULER_OPTIONS"] = (
+        '{"dashboard_address": ":0"}'  # 8787 may be another test's
+    )
     out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=180)  # fmt: skip
     assert out.returncode == 0, out.stderr[-4000:]

@@ -30,13 +30,8 @@ need() {
   export PATH=$PATH:/usr/sbin
 }
 
-write_conf() {
-  if [ -f "$CONF" ]; then
-    head -1 "$CONF" | grep -qF "$MARK" || die "$CONF exists and was not written by this script; not touching it"
-    return 0
-  fi
-  mkdir -p "$(dirname "$CONF")" /var/spool/slurmctld /var/spool/slurmd /var/log/slurm
-  cat >"$CONF" <<EOF
+conf_text() {
+  cat <<EOF
 $MARK
 ClusterName=daskcollect
 SlurmctldHost=$(hostname)(127.0.0.1)
@@ -68,11 +63,22 @@ PartitionName=high Nodes=ALL MaxTime=INFINITE State=UP OverSubscribe=NO Priority
 EOF
 }
 
+# Writes the config if there is none, or rewrites ours if this script now writes another; returns 0 when
+# it changed (running daemons must then restart: scontrol reconfigure does not apply every setting).
+write_conf() {
+  if [ -f "$CONF" ]; then
+    head -1 "$CONF" | grep -qF "$MARK" || die "$CONF exists and was not written by this script; not touching it"
+    if [ "$(conf_text)" = "$(cat "$CONF")" ]; then return 1; fi
+  fi
+  mkdir -p "$(dirname "$CONF")" /var/spool/slurmctld /var/spool/slurmd /var/log/slurm
+  conf_text >"$CONF"
+}
+
 node_up() { sinfo -h -o %T 2>/dev/null | grep -qE '^(idle|mixed|allocated)'; }
 
 start() {
   need
-  write_conf
+  if write_conf; then stop; fi
   if ! pgrep -x munged >/dev/null; then
     mkdir -p /run/munge /var/log/munge /var/lib/munge
     [ -s /etc/munge/munge.key ] || mungekey --create --keyfile=/etc/munge/munge.key
