@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 # Two pytest-xdist workers: the suite waits on clusters, scripts and sub-processes as much as it computes.
 # A file's tests run in one worker, in order: a page's `skip` comment then applies to its next block, and
 # the simulated hosts of tests/test_netns.py (one bridge) are built one rig at a time.
-PARALLEL ?= -n 2 --dist loadfile
+PARALLEL ?= -n 2 --dist loadfile --no-loadscope-reorder
 RAY_STAMP := $(VENV)/.installed-ray
 
 $(STAMP): pyproject.toml requirements/dev.txt

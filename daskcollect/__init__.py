@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from daskcollect import _internals
 from daskcollect import settings as _settings  # noqa: F401  (registers the dask.config defaults)
 from daskcollect.errors import (
     ClusterConnectionError,
@@ -52,6 +53,16 @@ if TYPE_CHECKING:
     from daskcollect.weights.scheme import DaskWeightSyncScheme, DaskWeightUpdater
 
 __version__ = "0.1.0"
+
+
+def _register_torchrl_backend() -> None:
+    from daskcollect.collection import backend
+
+    backend.register()
+
+
+# Collector(backend="dask") and torchrl.service_backend("dask"): added when TorchRL's collectors load.
+_internals.on_import("torchrl.collectors", _register_torchrl_backend)
 
 _LAZY = {
     "DaskCollector": "daskcollect.collector",

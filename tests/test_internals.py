@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import sys
 import warnings
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from distributed.protocol import to_serialize
 from distributed.utils_test import gen_cluster
 from helpers import fresh_python
+from torchrl import service_backend as torchrl_service_backend
+from torchrl.data import ReplayBuffer as ReplayBufferForTest
 from tornado import web
 from tornado.ioloop import PeriodicCallback
 
@@ -529,3 +532,48 @@ def test_a_process_that_loaded_dask_workers_command_line_knows_it():
     assert not _internals.runs_dask_worker_cli()  # a driver that hosts nannies is not one
     code = "import distributed.cli.dask_worker\nfrom daskcollect import _internals\nprint(_internals.runs_dask_worker_cli())"
     assert fresh_python(code).strip().splitlines()[-1] == "True"
+
+
+def test_torchrls_collector_dispatch_has_the_shape_the_registration_wraps():
+    import inspect
+
+    from torchrl.collectors import Collector
+
+    assert _internals.collector_backends() >= {
+        "direct",
+        "process",
+        "ray",
+        "rpc",
+        "distributed",
+        "submitit",
+        "dask",
+    }
+    dispatch = type(Collector).__call__
+    original = dispatch.__wrapped__  # TorchRL's own, which every other backend still reaches
+    assert not hasattr(original, "daskcollect_targets")
+    assert {"backend", "backend_options", "num_collectors", "sync"} <= set(
+        inspect.signature(original).parameters
+    )
+    from daskcollect.collection import backend
+
+    _internals.register_collector_backend("dask", lambda: daskcollect.DaskCollector)  # again: idempotent
+    assert type(Collector).__call__ is dispatch and set(dispatch.daskcollect_targets) == {"dask"}
+    _internals.refuse_service_backend("dask", "Use X.")
+    with torchrl_service_backend("dask"), pytest.raises(daskcollect.ConfigurationError, match="Use X."):
+        ReplayBufferForTest()
+    backend.register()  # the advice back as daskcollect gives it
+
+
+def test_a_callback_runs_once_its_module_is_imported(tmp_path, monkeypatch):
+    calls = []
+    _internals.on_import("json", lambda: calls.append("json"))  # already imported: at once
+    assert calls == ["json"]
+    (tmp_path / "daskcollect_test_late.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _internals.on_import(
+        "daskcollect_test_late", lambda: calls.append(sys.modules["daskcollect_test_late"].VALUE)
+    )
+    assert calls == ["json"]
+    import daskcollect_test_late  # noqa: F401
+
+    assert calls == ["json", 1]

@@ -9,6 +9,7 @@ installed (``.ci/run`` installs them) or the daemons cannot run as root.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -112,6 +113,8 @@ def test_collect_on_slurm_jobs_sync_and_async_with_exact_frames(slurm_cluster):
     audit(batches, 200)
     assert {int(i) for b in batches for i in b["collector", "collector_id"].unique()} == {0, 1}
     assert stats["rollouts_lost"] == 0 and stats["restarts"] == 0
+    assert stats["jobs_waiting"] == {}  # on the dashboard too, as "jobs not started"
+    assert set(stats["worker_seconds_per_kframe"]) == {"collector=1"}
 
 
 def test_scancel_retires_the_collector_gracefully_and_loses_nothing(slurm_cluster):
@@ -140,13 +143,25 @@ def test_scancel_retires_the_collector_gracefully_and_loses_nothing(slurm_cluste
     assert stats["retired"] == 1 and stats["rollouts_lost"] == 0 and stats["restarts"] == 0
 
 
+class Records(logging.Handler):
+    """Keeps the messages of the records it gets."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 @pytest.mark.parametrize("num_collectors", [1, "auto"])
 def test_jobs_pending_in_the_queue_end_the_wait_with_their_states(slurm_cluster, num_collectors):
     """A job SLURM holds back (here a begin time an hour away): a typed error names it and SLURM's reason."""
     cluster = slurm_cluster(job_extra_directives=["--begin=now+3600"])
     cluster.scale(jobs=1)
     assert wait_until(lambda: len(jobs()) == 1, timeout=30)
-    started = time.monotonic()
+    started, said = time.monotonic(), Records()
+    logging.getLogger("daskcollect.deploy.jobs").addHandler(said)
     with (
         Client(cluster, set_as_default=False) as client,
         dask.config.set({"daskcollect.timeouts.workers": "3s"}),
@@ -159,6 +174,12 @@ def test_jobs_pending_in_the_queue_end_the_wait_with_their_states(slurm_cluster,
     assert caught.value.jobs == {job: "PENDING (BeginTime)"}
     assert f"job {job} PENDING (BeginTime)" in str(caught.value)
     assert isinstance(caught.value, NotEnoughWorkersError)  # what callers that wait for workers catch
+    # While it waited, it said why (every timeouts.workers / 2, here 1.5 s).
+    logging.getLogger("daskcollect.deploy.jobs").removeHandler(said)
+    assert (
+        f"daskcollect: waiting for workers; batch jobs not started: job {job} PENDING (BeginTime)"
+        in said.messages
+    )
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 from torchrl.collectors.utils import split_trajectories
 
 from daskcollect.collection.memmap import MemmapBatch, MemmapLedger, describe_parts
@@ -55,7 +55,13 @@ class Output:
             return self._memmap(rollouts, replay_buffer)
         if rollouts[0].batch is None:
             return None  # the collectors extended the cluster's replay buffer themselves
-        batch = torch.stack([r.batch for r in rollouts], 0) if self.sync else rollouts[0].batch
+        # Collectors whose batches differ (other agent counts, other keys) stack lazily, as TorchRL's
+        # own heterogeneous batches do; alike ones densely, as MultiSyncCollector's stack.
+        batch = (
+            LazyStackedTensorDict.maybe_dense_stack([r.batch for r in rollouts], 0)
+            if self.sync
+            else rollouts[0].batch
+        )
         if split_trajs:
             batch = split_trajectories(batch)
         if postproc is not None:

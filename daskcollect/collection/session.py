@@ -134,7 +134,8 @@ class Session:
         if claimed is not None:
             self.engine.adopt(list(claimed.members))
         else:
-            self.engine.start()
+            with self.jobs.reporting(every=min(10.0, self.settings.timeouts.workers / 2)):
+                self.engine.start()
         threads = share_cores(settings.driver_torch_threads, self.engine, self.handle)
         if threads is not None:
             stack.callback(torch.set_num_threads, threads)
@@ -157,7 +158,8 @@ class Session:
         reserved = self.servers.addresses if self.servers is not None else set()
         resources, client = spec.cluster.worker_resources, self.handle.client
         try:
-            wait_for_workers(client, 1 + len(reserved), resources, settings.timeouts.workers)
+            with self.jobs.reporting(every=min(10.0, settings.timeouts.workers / 2)):
+                wait_for_workers(client, 1 + len(reserved), resources, settings.timeouts.workers)
         except NotEnoughWorkersError as error:
             raise self.jobs.explain(error) from None
         n = len(set(eligible_workers(client, resources, settings.timeouts.connect)) - reserved)
@@ -165,9 +167,12 @@ class Session:
         return n
 
     def cost_and_demand(self, frames: int, collectors: list[dict[str, Any]]) -> dict[str, Any]:
-        """The stats of :mod:`daskcollect.monitoring.cost` and, if on, of :mod:`daskcollect.scaling`."""
+        """The stats of :mod:`daskcollect.monitoring.cost`, of the batch jobs not started yet
+        (:mod:`daskcollect.deploy.jobs`), and, if on, of :mod:`daskcollect.scaling`."""
         self.worker_time.seen(c["collector_id"] for c in collectors)
         out = self.worker_time.as_dict(frames)
+        if self.jobs.batch:
+            out["jobs_waiting"] = self.jobs.described()
         if self.settings.scale_to_demand:
             # A set num_collectors wants its own workers; following the cluster, the learner decides.
             fixed = None if self.spec.follow or self.engine is None else self.engine.requested

@@ -11,9 +11,13 @@ state.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import subprocess
+import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 from daskcollect.errors import JobsPendingError, NotEnoughWorkersError
@@ -52,26 +56,65 @@ def slurm_states(job_ids: list[str], timeout: float = 10.0) -> dict[str, JobStat
 
 
 class BatchJobs:
-    """The jobs of the user's jobqueue cluster, if any, for the errors of a wait for workers.
+    """The jobs of the user's jobqueue cluster, if any: for a wait's log and error, and for the stats.
 
     Args:
         cluster: The cluster object the user's ``Client`` was made from, or ``None``.
+        max_age: Seconds a reading of the jobs' states is reused (``squeue`` asks the controller).
     """
 
-    def __init__(self, cluster: Any):
+    def __init__(self, cluster: Any, max_age: float = 5.0):
         self.cluster = cluster
+        self.max_age = max_age
+        self._read: tuple[float, dict[str, JobState]] = (-float("inf"), {})
 
-    def waiting(self) -> dict[str, JobState]:
-        """The submitted jobs that are not running, by id."""
-        ids = batch_jobs(self.cluster)
-        if not ids:
-            return {}
-        known = slurm_states(ids)
-        return {j: s for j, s in known.items() if s[0] not in ("RUNNING", "COMPLETING")}
+    @property
+    def batch(self) -> bool:
+        """Whether the workers come from batch jobs (a dask-jobqueue cluster)."""
+        return getattr(self.cluster, "job_cls", None) is not None
+
+    def waiting(self, fresh: bool = False) -> dict[str, JobState]:
+        """The submitted jobs that are not running, by id (read at most every ``max_age`` seconds)."""
+        at, states = self._read
+        if fresh or time.monotonic() - at > self.max_age:
+            ids = batch_jobs(self.cluster)
+            known = slurm_states(ids) if ids else {}
+            states = {j: s for j, s in known.items() if s[0] not in ("RUNNING", "COMPLETING")}
+            self._read = (time.monotonic(), states)
+        return states
+
+    def described(self) -> dict[str, str]:
+        """:meth:`waiting` as ``{job id: "PENDING (Resources)"}``, for the stats and the dashboard."""
+        return {
+            j: f"{state} ({reason})" if reason else state for j, (state, reason) in self.waiting().items()
+        }
+
+    @contextlib.contextmanager
+    def reporting(self, every: float = 10.0) -> Iterator[None]:
+        """Logs the jobs that keep workers away, every ``every`` seconds, while the block waits for them."""
+        if not self.batch:
+            yield
+            return
+        done = threading.Event()
+
+        def report() -> None:
+            while not done.wait(every):
+                waiting = self.described()
+                if waiting:
+                    listed = ", ".join(f"job {j} {s}" for j, s in waiting.items())
+                    logger.warning("daskcollect: waiting for workers; batch jobs not started: %s", listed)
+
+        thread = threading.Thread(target=report, name="daskcollect-jobs", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join(timeout=every)
 
     def explain(self, error: NotEnoughWorkersError) -> NotEnoughWorkersError:
         """``error``, or a :class:`JobsPendingError` naming the jobs that keep workers away."""
-        waiting = self.waiting()
+        waiting = self.waiting(fresh=True)
         if not waiting:
             return error
         listed = ", ".join(

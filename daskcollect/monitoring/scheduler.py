@@ -59,14 +59,8 @@ def _totals(c: dict) -> list[tuple[str, Any]]:
         ("length (mean)", _mean(c.get("episode_length_mean"))),
         ("collectors wanted", c.get("wanted_collectors")),
         ("worker-s / 1k frames", _by_class(c.get("worker_seconds_per_kframe"))),
+        ("jobs not started", _by_class(c.get("jobs_waiting"), _show) if c.get("jobs_waiting") else None),
     ]  # fmt: skip
-
-
-def _by_class(value: Any) -> str | None:
-    """``{"collector=1": 12.5}`` as ``collector=1: 12.50``."""
-    if not isinstance(value, dict):
-        return None
-    return ", ".join(f"{k}: {_mean(v) or '-'}" for k, v in value.items())
 
 
 def _mean(value: Any) -> str | None:
@@ -76,6 +70,14 @@ def _mean(value: Any) -> str | None:
 # A snapshot may lack fields (sent by another daskcollect version): show those empty.
 def _show(value: Any) -> str:
     return "" if value is None or isinstance(value, jinja2.Undefined) else str(value)
+
+
+def _by_class(value: Any, show: Any = None) -> str | None:
+    """``{"collector=1": 12.5}`` as ``collector=1: 12.50`` (``show`` formats the values)."""
+    if not isinstance(value, dict):
+        return None
+    show = show or _mean
+    return ", ".join(f"{k}: {show(v) or '-'}" for k, v in value.items())
 
 
 def _rate(value: Any) -> str:
