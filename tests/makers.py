@@ -386,3 +386,22 @@ class PrebuiltCollector(Collector):
         batch = next(super().iterator())
         while True:
             yield batch  # the same object, as TorchRL's multiprocess collectors expect
+
+
+def make_vmas_balance():
+    """VMAS's "balance": 3 agents under one group key, 4 vectorized envs, continuous actions."""
+    from torchrl.envs.libs.vmas import VmasEnv
+
+    return VmasEnv(scenario="balance", num_envs=4, n_agents=3, continuous_actions=True, max_steps=50)
+
+
+def make_mpe_spread():
+    """PettingZoo's MPE "simple_spread" (mpe2), 2 agents, discrete actions, through TorchRL's wrapper."""
+    import warnings
+
+    from mpe2 import simple_spread_v3
+    from torchrl.envs import PettingZooWrapper
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # gymnasium's note on the env's spaces
+        return PettingZooWrapper(simple_spread_v3.parallel_env(N=2, max_cycles=25), use_mask=False)

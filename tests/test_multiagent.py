@@ -5,7 +5,8 @@ TorchRL's ``torchrl.testing`` envs are the spec: ``MultiAgentCountingEnv``
 observations differ in shape: a lazy stack), ``NestedCountingEnv`` (nested
 done and reward keys). Sync mode with collectors whose batches differ in shape
 (different agent counts) gives a lazily stacked batch, as TorchRL's own lazy
-stacks do, where ``RayCollector``'s ``torch.stack`` fails.
+stacks do, where ``RayCollector``'s ``torch.stack`` fails. And two real
+multi-agent libraries through TorchRL's wrappers: VMAS and PettingZoo's MPE.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import functools
 
 import pytest
 import torch
+from makers import make_mpe_spread, make_vmas_balance
 from tensordict import LazyStackedTensorDict
 from torchrl.collectors import MultiSyncCollector
 from torchrl.testing.mocking_classes import HeterogeneousCountingEnv, MultiAgentCountingEnv, NestedCountingEnv
@@ -81,3 +83,21 @@ def test_sync_multi_agent_frames_equal_multisynccollectors(client):
     finally:
         ours.shutdown()
         theirs.shutdown()
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+@pytest.mark.parametrize("make_env", [make_vmas_balance, make_mpe_spread], ids=["vmas", "pettingzoo-mpe"])
+def test_vmas_and_pettingzoo_envs_collect(client, make_env, sync):
+    reference = make_env().rollout(2)
+    frames = 80 if make_env is make_vmas_balance else 40  # VMAS steps 4 envs at once
+    with DaskCollector([make_env] * 2, frames_per_batch=frames, total_frames=3 * frames, sync=sync,
+                       client=client) as collector:  # fmt: skip
+        batches = list(collector)
+        stats = collector.stats()
+    assert sum(b.numel() for b in batches) == 3 * frames and stats["rollouts_lost"] == 0
+    group = "agents" if make_env is make_vmas_balance else "agent"
+    for batch in batches:
+        assert set(reference.keys(True, True)) <= set(batch.keys(True, True))
+        assert (
+            batch[group, "observation"].shape[-2] == reference[group, "observation"].shape[-2]
+        )  # the agents
