@@ -23,8 +23,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from daskcollect import _internals
 from daskcollect import settings as _settings  # noqa: F401  (registers the dask.config defaults)
+from daskcollect._imports import on_import
 from daskcollect.errors import (
     ClusterConnectionError,
     CollectorBuildError,
@@ -62,7 +62,7 @@ def _register_torchrl_backend() -> None:
 
 
 # Collector(backend="dask") and torchrl.service_backend("dask"): added when TorchRL's collectors load.
-_internals.on_import("torchrl.collectors", _register_torchrl_backend)
+on_import("torchrl.collectors", _register_torchrl_backend)
 
 _LAZY = {
     "DaskCollector": "daskcollect.collector",

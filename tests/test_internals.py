@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import sys
 import warnings
 from pathlib import Path
 
@@ -562,18 +561,3 @@ def test_torchrls_collector_dispatch_has_the_shape_the_registration_wraps():
     with torchrl_service_backend("dask"), pytest.raises(daskcollect.ConfigurationError, match="Use X."):
         ReplayBufferForTest()
     backend.register()  # the advice back as daskcollect gives it
-
-
-def test_a_callback_runs_once_its_module_is_imported(tmp_path, monkeypatch):
-    calls = []
-    _internals.on_import("json", lambda: calls.append("json"))  # already imported: at once
-    assert calls == ["json"]
-    (tmp_path / "daskcollect_test_late.py").write_text("VALUE = 1\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    _internals.on_import(
-        "daskcollect_test_late", lambda: calls.append(sys.modules["daskcollect_test_late"].VALUE)
-    )
-    assert calls == ["json"]
-    import daskcollect_test_late  # noqa: F401
-
-    assert calls == ["json", 1]

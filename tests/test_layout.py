@@ -107,7 +107,16 @@ def test_each_feature_is_a_package_whose_modules_say_where_they_run():
         found = {p.stem for p in (PACKAGE / feature).glob("*.py")}
         assert modules <= found, (feature, found)
     top = {p.stem for p in PACKAGE.glob("*.py")}
-    assert top == {"__init__", "collector", "replay_buffer", "errors", "settings", "testing", "cli"}
+    assert top == {
+        "__init__",
+        "_imports",
+        "collector",
+        "replay_buffer",
+        "errors",
+        "settings",
+        "testing",
+        "cli",
+    }
     assert (PACKAGE / "_internals" / "__init__.py").exists()  # and the fence
 
 

@@ -1,6 +1,7 @@
 """Collection on a real SLURM (one node on 127.0.0.1, ``tools/slurm.sh``), through dask-jobqueue's ``SLURMCluster``.
 
-What SLURM does to jobs, done for real: ``scancel``, preemption by a job of a
+What SLURM does to jobs, done for real: ``scancel``, an early ``USR1`` notice to the
+batch shell (``--signal=B:USR1``), preemption by a job of a
 higher-priority partition, walltimes ended by ``--lifetime``, and jobs that
 stay pending. Each run audits its frames: every batch full, no rollout twice,
 nothing lost. Skipped, with the reason, only where SLURM's packages are not
@@ -117,8 +118,15 @@ def test_collect_on_slurm_jobs_sync_and_async_with_exact_frames(slurm_cluster):
     assert set(stats["worker_seconds_per_kframe"]) == {"collector=1"}
 
 
-def test_scancel_retires_the_collector_gracefully_and_loses_nothing(slurm_cluster):
-    """SIGTERM to every process of the job: the rollout in flight is delivered, then the worker leaves."""
+#: How SLURM tells a job it ends: ``scancel``'s SIGTERM to every process of the job, or what
+#: ``#SBATCH --signal=B:USR1@120`` sends, SIGUSR1 to the batch shell alone. The job script ``exec``s
+#: ``dask worker`` (``python="exec ..."``), so that shell is the nanny, which passes it to its worker.
+NOTICES = {"scancel": ["scancel"], "B:USR1": ["scancel", "--batch", "--signal=USR1"]}
+
+
+@pytest.mark.parametrize("notice", list(NOTICES))
+def test_a_jobs_end_notice_retires_its_collector_gracefully_and_loses_nothing(slurm_cluster, notice):
+    """The rollout in flight is delivered, then the worker leaves; the collection goes on without it."""
     cluster = slurm_cluster()
     cluster.scale(jobs=2)
     with Client(cluster, set_as_default=False) as client, dask.config.set(FAST):
@@ -131,12 +139,12 @@ def test_scancel_retires_the_collector_gracefully_and_loses_nothing(slurm_cluste
             batches = [next(it), next(it)]
             job = next(iter(cluster.workers.values())).job_id
             signalled = time.monotonic()
-            subprocess.run(["scancel", job], timeout=30, check=True)
+            subprocess.run([*NOTICES[notice], job], timeout=30, check=True)
             assert wait_until(lambda: batches.append(next(it)) or collector.stats()["retired"] == 1, 60, 0)
             to_retirement = time.monotonic() - signalled
             batches += list(it)
             stats = collector.stats()
-    print(f"scancel to retirement: {to_retirement:.2f} s")
+    print(f"{notice} to retirement: {to_retirement:.2f} s")
     assert to_retirement < 30  # within SLURM's KillWait: before the SIGKILL
     assert sum(b.numel() for b in batches) == 1200 and stats["frames"] == 1200
     audit(batches, 100)

@@ -34,7 +34,7 @@ conf_text() {
   cat <<EOF
 $MARK
 ClusterName=daskcollect
-SlurmctldHost=$(hostname)(127.0.0.1)
+SlurmctldHost=$(uname -n)(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -57,7 +57,7 @@ PreemptType=preempt/partition_prio
 PreemptMode=CANCEL
 KillWait=$GRACE
 MinJobAge=60
-NodeName=$(hostname) NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=16000 State=UNKNOWN
+NodeName=$(uname -n) NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=16000 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO PriorityTier=1 GraceTime=$GRACE
 PartitionName=high Nodes=ALL MaxTime=INFINITE State=UP OverSubscribe=NO PriorityTier=2
 EOF
@@ -90,7 +90,7 @@ start() {
   pgrep -x slurmd >/dev/null || slurmd 9>&-
   for _ in $(seq 1 60); do
     if node_up; then return 0; fi
-    scontrol update nodename="$(hostname)" state=resume >/dev/null 2>&1 || true
+    scontrol update nodename="$(uname -n)" state=resume >/dev/null 2>&1 || true
     sleep 0.5
   done
   die "the node did not come up within 30 s; see /var/log/slurm/"

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -91,43 +88,6 @@ def tensordict_unchecked() -> Callable:
 
 
 # --- TorchRL's front door: Collector(backend=...) -------------------------------
-def on_import(module: str, callback: Callable[[], None]) -> None:
-    """Runs ``callback`` once ``module`` is imported: now if it is, else right after its import.
-
-    TorchRL's backends are closed sets with no registry, so a new one is added
-    to them; doing it when TorchRL loads keeps ``import daskcollect`` from
-    importing torch (a Dask scheduler imports daskcollect's plugins).
-    """
-    if module in sys.modules:
-        callback()
-        return
-    finder = _AfterImport(module, callback)
-    sys.meta_path.insert(0, finder)
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """A meta-path finder that lets the real finder find ``module``, then runs a callback after it loads."""
-
-    def __init__(self, module: str, callback: Callable[[], None]) -> None:
-        self.module, self.callback = module, callback
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != self.module:
-            return None
-        sys.meta_path.remove(self)  # once, and the real finders find it
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module, callback = spec.loader.exec_module, self.callback
-
-        def exec_then_register(module: Any) -> None:
-            exec_module(module)
-            callback()
-
-        spec.loader.exec_module = exec_then_register  # type: ignore[method-assign]
-        return spec
-
-
 def _collector_meta() -> Any:
     try:
         from torchrl.collectors._single import Collector, _CollectorMeta
