@@ -44,7 +44,7 @@ def scheduler_state(dask_scheduler: Any) -> dict[str, Any]:
     return {
         "plugins": _internals.scheduler_plugin_names(dask_scheduler),
         "handlers": _internals.handler_names(dask_scheduler),
-        "retire_workers": repr(_internals.retire_handler(dask_scheduler)),
+        "retire_workers": repr(_internals.scheduler_handler(dask_scheduler, "retire_workers")),
         "routes": _internals.route_counts(dask_scheduler),
         "subscriptions": _internals.subscribed_topics(dask_scheduler),
         "tasks": _internals.task_keys(dask_scheduler),

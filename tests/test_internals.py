@@ -41,7 +41,7 @@ async def test_the_installed_distributed_is_in_the_tested_range_and_has_every_in
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _internals.check_version()  # no warning within the tested range
-    assert _internals.retire_handler(s) == s.retire_workers
+    assert _internals.scheduler_handler(s, "retire_workers") == s.retire_workers
     assert _internals.actor_keys(s, "tcp://127.0.0.1:1") == []
     actor = c.submit(Held, actor=True, key="held-0")
     await actor
@@ -67,7 +67,7 @@ class NotAScheduler:
 
 def test_a_missing_internal_is_a_typed_error_naming_it_and_the_fix():
     with pytest.raises(DaskVersionError) as info:
-        _internals.retire_handler(NotAScheduler())
+        _internals.scheduler_handler(NotAScheduler(), "retire_workers")
     message = str(info.value)
     assert "retire_workers" in message and distributed.__version__ in message
     assert f"distributed>={_internals.TESTED[0]},<{_internals.TESTED[1]}" in message
@@ -315,14 +315,14 @@ async def test_a_worker_fetches_a_key_from_the_worker_that_holds_it(c, s, a, b):
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)] * 3)
 async def test_a_retirement_passes_the_replaced_handler_and_says_who_asked(c, s, a, b, w):
-    original = _internals.retire_handler(s)
+    original = _internals.scheduler_handler(s, "retire_workers")
     calls: list[dict] = []
 
     async def recording(**kwargs):
         calls.append(dict(kwargs))
         return await original(**kwargs)
 
-    _internals.set_retire_handler(s, recording)
+    _internals.set_scheduler_handler(s, "retire_workers", recording)
     try:
         await c.retire_workers([b.address])
         assert calls and not _internals.is_self_retirement(calls[-1])  # the client asked
@@ -330,8 +330,8 @@ async def test_a_retirement_passes_the_replaced_handler_and_says_who_asked(c, s,
         assert await apoll_until(lambda: len(calls) >= 2, 10)
         assert _internals.is_self_retirement(calls[-1])
     finally:
-        _internals.set_retire_handler(s, original)
-    assert _internals.retire_handler(s) is original
+        _internals.set_scheduler_handler(s, "retire_workers", original)
+    assert _internals.scheduler_handler(s, "retire_workers") is original
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
@@ -509,21 +509,21 @@ def test_the_fence_scan_sees_each_kind_of_breach(tmp_path):
 
 @gen_cluster(client=True, nthreads=TWO)
 async def test_adaptive_targets_handler_is_what_adaptive_asks_and_can_be_replaced(c, s, a, b):
-    original = _internals.adaptive_target_handler(s)
+    original = _internals.scheduler_handler(s, "adaptive_target")
     assert await c.scheduler.adaptive_target() == original()  # Adaptive.target's RPC reaches it
 
     async def five(**kwargs):
         return 5
 
-    _internals.set_adaptive_target_handler(s, five)
+    _internals.set_scheduler_handler(s, "adaptive_target", five)
     try:
         assert await c.scheduler.adaptive_target() == 5
     finally:
-        _internals.set_adaptive_target_handler(s, original)
-    assert _internals.adaptive_target_handler(s) is original
+        _internals.set_scheduler_handler(s, "adaptive_target", original)
+    assert _internals.scheduler_handler(s, "adaptive_target") is original
     assert {_internals.worker_state_address(ws) for ws in s.workers.values()} == {a.address, b.address}
     with pytest.raises(DaskVersionError, match="adaptive_target"):
-        _internals.adaptive_target_handler(NotAScheduler())
+        _internals.scheduler_handler(NotAScheduler(), "adaptive_target")
 
 
 def test_a_process_that_loaded_dask_workers_command_line_knows_it():

@@ -90,6 +90,13 @@ def slurm_cluster(slurm, tmp_path):
     assert wait_until(lambda: jobs() == [], timeout=60), f"jobs left: {jobs()}"
 
 
+def following(client: Client, step: float, total_frames: int = -1) -> DaskCollector:
+    """A collector on every job's worker (``num_collectors="auto"``): 100-frame batches of CartPole whose
+    step sleeps ``step`` seconds, so that a rollout is in flight whenever a job ends."""
+    return DaskCollector(SleepEnvMaker(step), frames_per_batch=100, total_frames=total_frames, num_collectors="auto",
+                         worker_resources={"collector": 1}, client=client, py_modules=["makers"])  # fmt: skip
+
+
 def audit(batches, frames_per_batch: int) -> None:
     """Every batch full, and no rollout (collector, rollout id) twice."""
     assert all(b.numel() == frames_per_batch for b in batches)
@@ -131,10 +138,7 @@ def test_a_jobs_end_notice_retires_its_collector_gracefully_and_loses_nothing(sl
     cluster.scale(jobs=2)
     with Client(cluster, set_as_default=False) as client, dask.config.set(FAST):
         client.wait_for_workers(2, timeout=60)
-        with DaskCollector(
-            SleepEnvMaker(0.005), frames_per_batch=100, total_frames=1200, num_collectors="auto",
-            worker_resources={"collector": 1}, client=client, py_modules=["makers"],
-        ) as collector:  # fmt: skip
+        with following(client, 0.005, total_frames=1200) as collector:
             it = iter(collector)
             batches = [next(it), next(it)]
             job = next(iter(cluster.workers.values())).job_id
@@ -207,10 +211,7 @@ def test_a_run_of_three_walltimes_loses_nothing(slurm_cluster):
     batches, submitted = [], set()
     with Client(cluster, set_as_default=False) as client, dask.config.set(FAST):
         client.wait_for_workers(2, timeout=60)
-        with DaskCollector(
-            SleepEnvMaker(0.01), frames_per_batch=100, total_frames=-1, num_collectors="auto",
-            worker_resources={"collector": 1}, client=client, py_modules=["makers"],
-        ) as collector:  # fmt: skip
+        with following(client, 0.01) as collector:
             started = time.monotonic()
             for batch in collector:
                 batches.append(batch)
@@ -239,10 +240,7 @@ def test_a_preempted_job_retires_its_collector_gracefully(slurm_cluster):
     with Client(cluster, set_as_default=False) as client, dask.config.set(FAST):
         client.wait_for_workers(2, timeout=60)
         workers = jobs()
-        with DaskCollector(
-            SleepEnvMaker(0.005), frames_per_batch=100, total_frames=-1, num_collectors="auto",
-            worker_resources={"collector": 1}, client=client, py_modules=["makers"],
-        ) as collector:  # fmt: skip
+        with following(client, 0.005) as collector:
             batches += [next(iter(collector))]
             preemptor = subprocess.run(
                 ["sbatch", "--parsable", "-p", "high", "-c", str(8 - len(workers) + 1), "--wrap", "sleep 1"],
@@ -287,10 +285,7 @@ def test_adapt_follows_a_learner_whose_pace_changes_4x(slurm_cluster):
     took, pairs, frames = [], set(), 0
     with Client(cluster, set_as_default=False) as client, dask.config.set(FAST):
         client.wait_for_workers(1, timeout=60)
-        with DaskCollector(
-            SleepEnvMaker(0.01), frames_per_batch=100, total_frames=-1, num_collectors="auto",
-            worker_resources={"collector": 1}, client=client, py_modules=["makers"],
-        ) as collector:  # fmt: skip
+        with following(client, 0.01) as collector:
             batches = iter(collector)
             for hold, matched in phases:
                 started = time.monotonic()

@@ -9,32 +9,18 @@ from daskcollect._internals.versions import attribute, missing, names
 
 
 # --- scheduler side ---------------------------------------------------------
-def retire_handler(scheduler: Any) -> Callable:
-    """The scheduler's ``retire_workers`` RPC handler."""
+def scheduler_handler(scheduler: Any, name: str) -> Callable:
+    """The scheduler's RPC handler ``name`` (``"retire_workers"``, ``"adaptive_target"``)."""
     try:
-        return scheduler.handlers["retire_workers"]
+        return scheduler.handlers[name]
     except (AttributeError, KeyError) as exc:
-        raise missing("Scheduler.handlers['retire_workers']", exc) from None
+        raise missing(f"Scheduler.handlers[{name!r}]", exc) from None
 
 
-def set_retire_handler(scheduler: Any, handler: Callable) -> None:
-    """Replaces the scheduler's ``retire_workers`` RPC handler."""
-    retire_handler(scheduler)  # checks that it exists
-    scheduler.handlers["retire_workers"] = handler
-
-
-def adaptive_target_handler(scheduler: Any) -> Callable:
-    """The scheduler's ``adaptive_target`` RPC handler (what ``Adaptive.target`` asks)."""
-    try:
-        return scheduler.handlers["adaptive_target"]
-    except (AttributeError, KeyError) as exc:
-        raise missing("Scheduler.handlers['adaptive_target']", exc) from None
-
-
-def set_adaptive_target_handler(scheduler: Any, handler: Callable) -> None:
-    """Replaces the scheduler's ``adaptive_target`` RPC handler."""
-    adaptive_target_handler(scheduler)  # checks that it exists
-    scheduler.handlers["adaptive_target"] = handler
+def set_scheduler_handler(scheduler: Any, name: str, handler: Callable) -> None:
+    """Replaces the scheduler's RPC handler ``name``."""
+    scheduler_handler(scheduler, name)  # checks that it exists
+    scheduler.handlers[name] = handler
 
 
 def worker_state_address(ws: Any) -> str:

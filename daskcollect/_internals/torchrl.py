@@ -144,12 +144,10 @@ def register_collector_backend(name: str, target: Callable[[], type]) -> None:
             cls, *args, backend=None, backend_options=None, num_collectors=None, sync=None, **kwargs
         ):
             chosen = backend if backend is not None else backends._get_service_backend()
-            if (
-                cls is collector
-                and chosen is not None
-                and backends.normalize_service_backend(chosen) in targets
-            ):
-                build = targets[backends.normalize_service_backend(chosen)]()
+            if cls is collector and chosen is not None:
+                chosen = backends.normalize_service_backend(chosen)
+            if cls is collector and chosen in targets:
+                build = targets[chosen]()
                 # What the collector builds on the driver must not see the scope's backend: ``name`` is
                 # a collector backend only, as TorchRL's own backends end their scope at the collector.
                 token = backends._SERVICE_BACKEND_CONTEXT.set(None)

@@ -102,7 +102,9 @@ class Session:
         self.handle = connect(spec.cluster, n_workers=(n or 1) + servers, settings=settings)
         stack.callback(lambda: self.handle.close(self._timeout))  # and the worker plugins below with it
         client = self.handle.client
-        self.jobs = BatchJobs(getattr(self.handle.given, "cluster", None))
+        # While it waits for workers, the driver says which batch jobs have not started, twice a wait.
+        report_every = min(10.0, settings.timeouts.workers / 2)
+        self.jobs = BatchJobs(getattr(self.handle.given, "cluster", None), report_every)
         setup = WorkerSetup(spec.cluster.worker_env, settings.worker)
         self.handle.register_plugin(setup, name=f"daskcollect-{setup.token[:12]}")
         if settings.worker.retire_signals:
@@ -134,7 +136,7 @@ class Session:
         if claimed is not None:
             self.engine.adopt(list(claimed.members))
         else:
-            with self.jobs.reporting(every=min(10.0, self.settings.timeouts.workers / 2)):
+            with self.jobs.reporting():
                 self.engine.start()
         threads = share_cores(settings.driver_torch_threads, self.engine, self.handle)
         if threads is not None:
@@ -158,7 +160,7 @@ class Session:
         reserved = self.servers.addresses if self.servers is not None else set()
         resources, client = spec.cluster.worker_resources, self.handle.client
         try:
-            with self.jobs.reporting(every=min(10.0, settings.timeouts.workers / 2)):
+            with self.jobs.reporting():
                 wait_for_workers(client, 1 + len(reserved), resources, settings.timeouts.workers)
         except NotEnoughWorkersError as error:
             raise self.jobs.explain(error) from None

@@ -60,11 +60,13 @@ class BatchJobs:
 
     Args:
         cluster: The cluster object the user's ``Client`` was made from, or ``None``.
+        report_every: Seconds between :meth:`reporting`'s log lines.
         max_age: Seconds a reading of the jobs' states is reused (``squeue`` asks the controller).
     """
 
-    def __init__(self, cluster: Any, max_age: float = 5.0):
+    def __init__(self, cluster: Any, report_every: float = 10.0, max_age: float = 5.0):
         self.cluster = cluster
+        self.report_every = report_every
         self.max_age = max_age
         self._read: tuple[float, dict[str, JobState]] = (-float("inf"), {})
 
@@ -90,15 +92,15 @@ class BatchJobs:
         }
 
     @contextlib.contextmanager
-    def reporting(self, every: float = 10.0) -> Iterator[None]:
-        """Logs the jobs that keep workers away, every ``every`` seconds, while the block waits for them."""
+    def reporting(self) -> Iterator[None]:
+        """Logs the jobs that keep workers away, every ``report_every`` seconds, while the block waits."""
         if not self.batch:
             yield
             return
         done = threading.Event()
 
         def report() -> None:
-            while not done.wait(every):
+            while not done.wait(self.report_every):
                 waiting = self.described()
                 if waiting:
                     listed = ", ".join(f"job {j} {s}" for j, s in waiting.items())
@@ -110,7 +112,7 @@ class BatchJobs:
             yield
         finally:
             done.set()
-            thread.join(timeout=every)
+            thread.join(timeout=self.report_every)
 
     def explain(self, error: NotEnoughWorkersError) -> NotEnoughWorkersError:
         """``error``, or a :class:`JobsPendingError` naming the jobs that keep workers away."""

@@ -50,6 +50,45 @@ class SharedPlugin(SchedulerPlugin):
         """Called when a client disconnected without releasing leases; ``details`` are theirs."""
 
 
+class HandlerPlugin(SharedPlugin):
+    """A shared plugin that wraps one of the scheduler's RPC handlers while it is installed.
+
+    Subclasses set ``handler`` (the RPC's name) and implement :meth:`handle`,
+    which may call Dask's own handler as ``self.original``. ``close()`` puts
+    Dask's handler back. Only the first instance wraps it: a second one finds
+    the wrapper already there.
+    """
+
+    handler: str = ""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scheduler: Any = None
+        self.original: Any = None
+
+    async def start(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        current = _internals.scheduler_handler(scheduler, self.handler)
+        if getattr(current, "daskcollect", False):
+            return  # another instance already wrapped it
+        self.original = current
+
+        async def wrapped(**kwargs: Any) -> Any:
+            return await self.handle(kwargs)
+
+        wrapped.daskcollect = True  # type: ignore[attr-defined]
+        _internals.set_scheduler_handler(scheduler, self.handler, wrapped)
+
+    async def close(self) -> None:
+        if self.scheduler is not None and self.original is not None:
+            _internals.set_scheduler_handler(self.scheduler, self.handler, self.original)
+            self.original = None
+
+    async def handle(self, kwargs: dict[str, Any]) -> Any:
+        """Answers the RPC in Dask's place; ``kwargs`` as the handler got them."""
+        raise NotImplementedError
+
+
 async def remove_unused(scheduler: Any, plugin: SharedPlugin) -> None:
     """Closes and removes ``plugin`` from ``scheduler`` if no lease holds it (on the scheduler's loop)."""
     if plugin.leases or _internals.scheduler_plugin(scheduler, plugin.name) is not plugin:

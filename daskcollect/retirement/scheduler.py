@@ -10,7 +10,7 @@ from typing import Any
 
 from daskcollect import _internals
 from daskcollect.collection.polling import apoll_until
-from daskcollect.leases.scheduler import SharedPlugin
+from daskcollect.leases.scheduler import HandlerPlugin
 from daskcollect.retirement import ACTOR_KEY_PREFIX, RETIREMENT_PLUGIN, RETIRING_TOPIC
 
 logger = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ def _named(name: str, wanted: set[str]) -> bool:
     return name in wanted or name.rsplit("-", 1)[0] in wanted
 
 
-class GracefulRetirement(SharedPlugin):
+class GracefulRetirement(HandlerPlugin):
     """Lets daskcollect release its actors before Dask retires their workers.
 
     Leased by every ``DaskCollector``. With no collector actor on the leaving
@@ -44,33 +44,15 @@ class GracefulRetirement(SharedPlugin):
 
     name = RETIREMENT_PLUGIN
 
+    handler = "retire_workers"
+
     def __init__(self, timeout: float = 60.0) -> None:
         super().__init__()
         self.timeout = timeout
-        self._scheduler: Any = None
-        self._original: Any = None
-
-    async def start(self, scheduler: Any) -> None:
-        self._scheduler = scheduler
-        current = _internals.retire_handler(scheduler)
-        if getattr(current, "daskcollect", False):
-            return  # another instance already wrapped it
-        self._original = current
-
-        async def retire_workers(**kwargs: Any) -> Any:
-            return await self._retire(kwargs)
-
-        retire_workers.daskcollect = True  # type: ignore[attr-defined]
-        _internals.set_retire_handler(scheduler, retire_workers)
-
-    async def close(self) -> None:
-        if self._scheduler is not None and self._original is not None:
-            _internals.set_retire_handler(self._scheduler, self._original)
-            self._original = None
 
     def _targets(self, kwargs: dict[str, Any]) -> list[str]:
         """The addresses Dask's ``retire_workers`` would retire for these arguments."""
-        scheduler = self._scheduler
+        scheduler = self.scheduler
         # SpecCluster.scale passes worker *names* as workers=: Dask then retires
         # nothing and closes them anyway, so names count here too.
         given = kwargs.get("workers") if kwargs.get("workers") is not None else kwargs.get("names")
@@ -80,8 +62,8 @@ class GracefulRetirement(SharedPlugin):
             return [a for a, name in names.items() if a in wanted or _named(name, wanted)]
         return _internals.workers_to_close(scheduler, kwargs.get("n"), kwargs.get("memory_ratio"))
 
-    async def _retire(self, kwargs: dict[str, Any]) -> Any:
-        scheduler = self._scheduler
+    async def handle(self, kwargs: dict[str, Any]) -> Any:
+        scheduler = self.scheduler
         kwargs.pop("comm", None)
         targets = self._targets(kwargs)
         busy = [a for a in targets if collector_actors(scheduler, a)]
@@ -107,4 +89,4 @@ class GracefulRetirement(SharedPlugin):
             # nanny too, so a --lifetime-restart worker never comes back
             # (dask/distributed#4752). Removed when it disconnects, it cannot race.
             kwargs["remove"] = False
-        return await self._original(**kwargs)
+        return await self.original(**kwargs)

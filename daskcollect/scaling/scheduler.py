@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from daskcollect import _internals
-from daskcollect.leases.scheduler import SharedPlugin
+from daskcollect.leases.scheduler import HandlerPlugin
 from daskcollect.monitoring.scheduler import STATS_TOPIC
 from daskcollect.retirement import ACTOR_KEY_PREFIX
 from daskcollect.scaling import SCALING_PLUGIN
@@ -24,35 +24,17 @@ STALE_AFTER = 30.0
 DASKCOLLECT_PREFIX = "daskcollect-"
 
 
-class DemandScaling(SharedPlugin):
+class DemandScaling(HandlerPlugin):
     """Feeds the collections' wanted collectors into ``adaptive_target``; see :mod:`daskcollect.scaling`."""
 
     name = SCALING_PLUGIN
+
+    handler = "adaptive_target"
 
     def __init__(self) -> None:
         super().__init__()
         #: collection id -> the collectors it wants (from its latest stats), and when that came.
         self.wanted: dict[str, tuple[int, float]] = {}
-        self._scheduler: Any = None
-        self._original: Any = None
-
-    async def start(self, scheduler: Any) -> None:
-        self._scheduler = scheduler
-        current = _internals.adaptive_target_handler(scheduler)
-        if getattr(current, "daskcollect", False):
-            return
-        self._original = current
-
-        async def adaptive_target(**kwargs: Any) -> int:
-            return await self.target(kwargs)
-
-        adaptive_target.daskcollect = True  # type: ignore[attr-defined]
-        _internals.set_adaptive_target_handler(scheduler, adaptive_target)
-
-    async def close(self) -> None:
-        if self._scheduler is not None and self._original is not None:
-            _internals.set_adaptive_target_handler(self._scheduler, self._original)
-            self._original = None
 
     def log_event(self, topic: str, msg: Any) -> None:
         if topic != STATS_TOPIC or not isinstance(msg, dict) or "id" not in msg:
@@ -63,10 +45,10 @@ class DemandScaling(SharedPlugin):
         else:
             self.wanted[msg["id"]] = (int(wanted), time.monotonic())
 
-    async def target(self, kwargs: dict[str, Any]) -> int:
+    async def handle(self, kwargs: dict[str, Any]) -> int:
         """The larger of Dask's target and the workers the collections want."""
         kwargs.pop("comm", None)
-        dask_target = self._original(**kwargs)
+        dask_target = self.original(**kwargs)
         if hasattr(dask_target, "__await__"):
             dask_target = await dask_target
         # A driver that died without closing stops reporting: its demand goes stale, then is forgotten.
@@ -77,13 +59,13 @@ class DemandScaling(SharedPlugin):
         if wanted:
             # Workers that host other actors (inference servers, replay buffers) stay on top.
             others = sum(
-                1 for a in _internals.worker_addresses_by_name(self._scheduler) if self._hosts_other(a)
+                1 for a in _internals.worker_addresses_by_name(self.scheduler) if self._hosts_other(a)
             )
             return max(int(dask_target), wanted + others)
         return int(dask_target)
 
     def _hosts_other(self, address: str) -> bool:
-        keys = _internals.actor_keys(self._scheduler, address)
+        keys = _internals.actor_keys(self.scheduler, address)
         return any(k.startswith(DASKCOLLECT_PREFIX) and not k.startswith(ACTOR_KEY_PREFIX) for k in keys)
 
     def valid_workers_downscaling(self, scheduler: Any, workers: list[Any]) -> list[Any]:

@@ -59,20 +59,17 @@ class _Handlers:
         self.holders: set[str] = set()
         self.previous: dict[int, Any] = {}
 
-    def acquire(self, token: str, names: Iterable[str], action: Callable[[int], None], here: bool) -> bool:
-        """Installs ``action`` for the named signals, once per process.
+    def acquire(self, token: str, names: Iterable[str], action: Callable[[int], None], here: bool) -> None:
+        """Installs ``action`` for the named signals, once per process (nowhere else: see ``here``).
 
         Args:
             token: Names the collection that holds them.
             names: Signal names, such as ``"SIGTERM"``.
             action: Run on the event loop with the signal's number.
             here: Whether this process is one where the signals mean the worker's end.
-
-        Returns:
-            Whether the handlers are in place.
         """
         if not here or threading.current_thread() is not threading.main_thread():
-            return False
+            return
         if not self.holders:
             loop = asyncio.get_running_loop()
 
@@ -83,7 +80,6 @@ class _Handlers:
                 signum = signal.Signals[name]
                 self.previous[signum] = signal.signal(signum, handler)
         self.holders.add(token)
-        return True
 
     def release(self, token: str) -> None:
         """Restores the handlers that were there once the last holder leaves."""
