@@ -1,6 +1,7 @@
-"""Learning curves: the PPO and DQN examples on DaskCollector and on TorchRL's collectors, 3 seeds.
+"""Learning curves: the PPO, DQN and IPPO examples on DaskCollector and on TorchRL's collectors, 3 seeds.
 
-    python benchmarks/learning_curves.py            # runs everything (about 40 min on 2 cores)
+    python benchmarks/learning_curves.py            # runs everything (about 50 min on 2 cores)
+    python benchmarks/learning_curves.py --examples ippo   # one example (its old lines are kept)
     python benchmarks/learning_curves.py --report   # only redraws docs/img/training.png and the table
 
 Runs are interleaved (dask, torchrl, dask, ...) so that both sides see the
@@ -27,7 +28,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "benchmarks", "results", "training")
 DOC = os.path.join(ROOT, "docs", "training.md")
 PNG = os.path.join(ROOT, "docs", "img", "training.png")
-EXAMPLES = {"ppo": "ppo_cartpole.py", "dqn": "dqn_cartpole.py"}
+EXAMPLES = {"ppo": "ppo_cartpole.py", "dqn": "dqn_cartpole.py", "ippo": "ippo_vmas.py"}
+# What each example's curve shows, and the return it stops at.
+TITLES = {"ppo": "PPO CartPole-v1", "dqn": "DQN CartPole-v1", "ippo": "IPPO VMAS navigation, 3 agents"}
+YLABELS = {"ppo": "mean return, last 20 episodes", "dqn": "greedy mean return, 5 episodes",
+           "ippo": "mean agent return, episodes in the batch"}  # fmt: skip
+TARGETS = {"ppo": 475.0, "dqn": 475.0, "ippo": 2.0}
 SOLVED = re.compile(r"solved: .* after (\d+) frames, (\d+)s")
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -82,18 +88,20 @@ def report() -> None:
             xs, ys = zip(*points)
             ax.plot(xs, ys, color=colors[collector], alpha=0.8, lw=1.2,
                     label=collector if seed == min(s for c, s in curves if c == collector) else None)  # fmt: skip
-        ax.axhline(475, color="gray", ls="--", lw=0.8)
-        what = "mean return, last 20 episodes" if name == "ppo" else "greedy mean return, 5 episodes"
-        ax.set(title=f"{name.upper()} CartPole-v1", xlabel="frames", ylabel=what)
+        ax.axhline(TARGETS[name], color="gray", ls="--", lw=0.8)
+        ax.set(title=TITLES[name], xlabel="frames", ylabel=YLABELS[name])
         ax.legend()
     fig.tight_layout()
     os.makedirs(os.path.dirname(PNG), exist_ok=True)
     fig.savefig(PNG, dpi=110)
 
-    rows = ["| example | collector | seed | frames to 475 | wall time (s) |", "|---|---|---|---|---|"]
+    rows = [
+        "| example | collector | seed | target | frames to target | wall time (s) |",
+        "|---|---|---|---|---|---|",
+    ]
     for run in load(os.path.join(OUT, "runs.jsonl")):
         frames = run["frames_to_target"]
-        rows.append(f"| {run['example']} | {run['collector']} | {run['seed']} | "
+        rows.append(f"| {run['example']} | {run['collector']} | {run['seed']} | {TARGETS[run['example']]:g} | "
                     f"{frames if frames is not None else 'not reached'} | {run['seconds']} |")  # fmt: skip
     table = "\n".join(rows)
     with open(DOC) as f:
