@@ -4,6 +4,7 @@ The public names:
 
 - :class:`DaskCollector`, a TorchRL ``BaseCollector`` whose collectors live in
   Dask worker processes as actors;
+- :class:`DaskLLMCollector`, the same for TorchRL's ``LLMCollector`` (dialog turns);
 - :class:`MemmapBatch`, the handle yielded with ``output="memmap"``;
 - :class:`DaskReplayBuffer`, a TorchRL replay buffer living on a worker;
 - :class:`DaskWeightSyncScheme` and :class:`DaskWeightUpdater`, daskcollect's
@@ -11,8 +12,8 @@ The public names:
 - the typed exceptions of :mod:`daskcollect.errors`.
 
 Importing daskcollect registers its defaults under ``dask.config``'s
-``daskcollect`` key and nothing else. ``DaskCollector`` and ``MemmapBatch``
-load torch, tensordict and TorchRL on first use, so that a worker unpickling
+``daskcollect`` key and nothing else. ``DaskCollector``, ``DaskLLMCollector``
+and ``MemmapBatch`` load torch, tensordict and TorchRL on first use, so that a worker unpickling
 daskcollect's plugin, or ``daskcollect --help``, does not pay for them. Dask
 serializers are registered when a collector is built (and on each worker by
 its plugin).
@@ -49,6 +50,7 @@ from daskcollect.errors import (
 if TYPE_CHECKING:
     from daskcollect.collection.memmap import MemmapBatch
     from daskcollect.collector import DaskCollector
+    from daskcollect.llm.collector import DaskLLMCollector
     from daskcollect.replay_buffer import DaskReplayBuffer
     from daskcollect.weights.scheme import DaskWeightSyncScheme, DaskWeightUpdater
 
@@ -66,6 +68,7 @@ on_import("torchrl.collectors", _register_torchrl_backend)
 
 _LAZY = {
     "DaskCollector": "daskcollect.collector",
+    "DaskLLMCollector": "daskcollect.llm.collector",
     "DaskReplayBuffer": "daskcollect.replay_buffer",
     "MemmapBatch": "daskcollect.collection.memmap",
     "DaskWeightSyncScheme": "daskcollect.weights.scheme",
@@ -94,6 +97,7 @@ __all__ = [
     "ConfigurationError",
     "DaskCollectError",
     "DaskCollector",
+    "DaskLLMCollector",
     "DaskReplayBuffer",
     "DaskVersionError",
     "DaskWeightSyncScheme",

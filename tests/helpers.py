@@ -67,6 +67,20 @@ def collectors_idle(collector) -> bool:
     return states == ["idle"] * len(states)
 
 
+def add_worker_with(cluster, client, resources: dict[str, float]) -> str:
+    """Adds one worker that declares ``resources`` to a LocalCluster; its address once it joined."""
+    n = len(cluster.worker_spec)
+    cluster.worker_spec[n] = {
+        "cls": cluster.worker_spec[0]["cls"],
+        "options": {**cluster.worker_spec[0]["options"], "resources": resources},
+    }
+    cluster.scale(n + 1)
+    client.wait_for_workers(n + 1, timeout=30)
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    (address,) = [a for a, w in workers.items() if w.get("resources", {}) == resources]
+    return address
+
+
 def wait_until(predicate, timeout: float = 20.0, interval: float = 0.1) -> bool:
     """Polls ``predicate`` until it is true or ``timeout`` passes."""
     deadline = time.monotonic() + timeout

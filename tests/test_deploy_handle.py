@@ -16,7 +16,7 @@ import dask
 import psutil
 import pytest
 from distributed import Client
-from helpers import environment, noise, wait_until
+from helpers import add_worker_with, environment, noise, wait_until
 from makers import make_cartpole, make_env_reading_variable
 
 from daskcollect import DaskCollector
@@ -41,16 +41,7 @@ def test_address_and_scheduler_file(cluster, tmp_path):
 def test_worker_resources_placement(make_cluster):
     cluster = make_cluster(n_workers=2)
     with Client(cluster, set_as_default=False) as client:
-        # Add a third worker that declares the resource; only it may host a collector.
-        cluster.worker_spec[2] = {
-            "cls": cluster.worker_spec[0]["cls"],
-            "options": {**cluster.worker_spec[0]["options"], "resources": {"GPU": 1}},
-        }
-        cluster.scale(3)
-        client.wait_for_workers(3, timeout=30)
-        workers = client.scheduler_info(n_workers=-1)["workers"]
-        gpu_worker = [a for a, w in workers.items() if w.get("resources", {}).get("GPU")]
-        assert len(gpu_worker) == 1
+        gpu_worker = [add_worker_with(cluster, client, {"GPU": 1})]  # only it may host a collector
         with DaskCollector(
             make_cartpole, frames_per_batch=20, total_frames=40, worker_resources={"GPU": 1}, client=client
         ) as collector:

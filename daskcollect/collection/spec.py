@@ -8,8 +8,6 @@ and the fix. The spec then builds one cloudpickled
 
 from __future__ import annotations
 
-import functools
-import inspect
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,7 +27,7 @@ from daskcollect.errors import ConfigurationError
 from daskcollect.inference.options import InferenceOptions, inference_options
 from daskcollect.settings import Settings
 from daskcollect.weights import scheme as weight_scheme
-from daskcollect.worker.recipe import CollectorRecipe
+from daskcollect.worker.recipe import CollectorRecipe, accepts, counts_dialog_turns
 
 _COLLECTOR_ALIASES = {"single": Collector, "sync": MultiSyncCollector, "async": MultiAsyncCollector}
 #: RayCollector keywords that have no meaning on Dask; accepted so that code
@@ -56,24 +54,6 @@ def per_collector(value: Any, name: str, n: int) -> list:
             )
         return list(value)
     return [value] * n
-
-
-@functools.cache
-def _accepts(cls: type, keyword: str) -> bool:
-    """Whether ``cls(...)`` takes ``keyword`` by name (following ``**kwargs`` up to the parents)."""
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None:
-            continue
-        try:
-            params = inspect.signature(init).parameters
-        except (TypeError, ValueError):
-            return False
-        if keyword in params:
-            return True
-        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            return False
-    return False
 
 
 def resolve_collector_class(collector_class: Any) -> type:
@@ -293,10 +273,12 @@ class CollectionSpec:
         ``exploration_type`` overwrite them.
         """
         inputs = self.inputs
+        if counts_dialog_turns(inputs.collector_class):
+            return self._dialog_kwargs(kwargs, n)
         for key in DEFAULTING:
             if inputs.passed[key] is not None:
                 kwargs.setdefault(key, inputs.passed[key])
-        if _accepts(inputs.collector_class, "auto_register_policy_transforms"):
+        if accepts(inputs.collector_class, "auto_register_policy_transforms"):
             # TorchRL 0.14 warns (FutureWarning, per collector) that it will add InitTracker
             # to the env of any module policy in 0.15. We keep the env as the user built it,
             # 0.14's behaviour, and say so: pass True in collector_kwargs to have TorchRL
@@ -309,6 +291,13 @@ class CollectionSpec:
         kwargs["split_trajs"] = False  # split on the driver, after stacking
         if scheme is not None and "weight_sync_schemes" not in kwargs:
             kwargs["weight_sync_schemes"] = {"policy": scheme}
+        return kwargs
+
+    def _dialog_kwargs(self, kwargs: dict[str, Any], n: int) -> dict[str, Any]:
+        """An ``LLMCollector``'s keywords: its batch counts dialog turns, and the env-collector
+        keywords (devices, exploration, random frames, trajectory splitting) do not apply."""
+        kwargs.setdefault("reset_at_each_iter", bool(self.inputs.passed["reset_at_each_iter"]))
+        kwargs["dialog_turns_per_batch"] = self.batch.frames_per_collector(n)
         return kwargs
 
     def _inner_scheme(self) -> Any:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import traceback
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +56,30 @@ class _Guarded:
                 f"{traceback.format_exc()}\n{fix}",
                 original=repr(exc),
             ) from exc
+
+
+@functools.cache
+def accepts(cls: type, keyword: str) -> bool:
+    """Whether ``cls(...)`` takes ``keyword`` by name (following ``**kwargs`` up to the parents)."""
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            params = inspect.signature(init).parameters
+        except (TypeError, ValueError):
+            return False
+        if keyword in params:
+            return True
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return False
+    return False
+
+
+def counts_dialog_turns(cls: type) -> bool:
+    """Whether ``cls`` is an LLM collector (TorchRL's ``LLMCollector``): its batches and budget
+    count dialog turns, under those names, instead of frames."""
+    return accepts(cls, "dialog_turns_per_batch")
 
 
 def _factory(env: Any) -> Callable:
@@ -120,7 +146,7 @@ class CollectorRecipe:
         else:
             env_fn = _Guarded(self.create_env_fn, EnvConstructionError, "env constructor", where)
         kwargs = dict(self.collector_kwargs)
-        kwargs["total_frames"] = -1
+        kwargs["total_dialog_turns" if counts_dialog_turns(self.collector_class) else "total_frames"] = -1
         if self.policy is not None:
             kwargs["policy"] = self.policy
         if self.policy_factory is not None:
@@ -132,7 +158,13 @@ class CollectorRecipe:
         else:
             env_arg = [env_fn] * self.num_envs
         try:
-            return self.collector_class(env_arg, **kwargs)
+            with warnings.catch_warnings():
+                if counts_dialog_turns(self.collector_class):
+                    # LLMCollector cannot take auto_register_policy_transforms, so TorchRL 0.14 warns on
+                    # every build that 0.15 will add InitTracker; the env stays as built, as it does for
+                    # the env collectors we pass False to (collection/spec.py).
+                    warnings.filterwarnings("ignore", "The env passed to LLMCollector", FutureWarning)
+                return self.collector_class(env_arg, **kwargs)
         except CollectorBuildError:
             raise
         except Exception as exc:
