@@ -67,6 +67,22 @@ def collectors_idle(collector) -> bool:
     return states == ["idle"] * len(states)
 
 
+#: What tools/slurm.sh and tests/test_slurm.py need.
+SLURM_COMMANDS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel")
+
+
+def slurm_unavailable() -> str | None:
+    """Why tests/test_slurm.py cannot run its SLURM here, or ``None`` where it can."""
+    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin"])
+    missing = [name for name in SLURM_COMMANDS if shutil.which(name, path=path) is None]
+    if missing:
+        return (f"SLURM is not installed here ({', '.join(missing)} missing): "
+                "apt-get install slurmctld slurmd slurm-client munge, as .ci/run does")  # fmt: skip
+    if os.geteuid() != 0:
+        return "tools/slurm.sh runs SLURM's daemons as root, without systemd; this is not root"
+    return None
+
+
 def add_worker_with(cluster, client, resources: dict[str, float]) -> str:
     """Adds one worker that declares ``resources`` to a LocalCluster; its address once it joined."""
     n = len(cluster.worker_spec)

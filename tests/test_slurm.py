@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ import time
 import dask
 import pytest
 from distributed import Client
-from helpers import noise, wait_until
+from helpers import noise, slurm_unavailable, wait_until
 from makers import SleepEnvMaker, make_cartpole
 
 from daskcollect import DaskCollector
@@ -29,13 +28,7 @@ from daskcollect.errors import JobsPendingError, NotEnoughWorkersError
 jobqueue = pytest.importorskip("dask_jobqueue", reason="the 'jobqueue' extra is not installed")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tools", "slurm.sh")
-DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel")
 FAST = {"daskcollect.restart-delay": "0.2s"}
-
-
-def _missing() -> list[str]:
-    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin"])
-    return [name for name in DAEMONS if shutil.which(name, path=path) is None]
 
 
 def jobs() -> list[str]:
@@ -54,12 +47,9 @@ def state(job: str) -> str:
 @pytest.fixture(scope="module")
 def slurm():
     """SLURM up for this file's tests (started here if it was not), and no job of ours left after each."""
-    missing = _missing()
-    if missing:
-        pytest.skip(f"SLURM is not installed here ({', '.join(missing)} missing): "
-                    "apt-get install slurmctld slurmd slurm-client munge, as .ci/run does")  # fmt: skip
-    if os.geteuid() != 0:
-        pytest.skip("tools/slurm.sh runs SLURM's daemons as root, without systemd; this is not root")
+    reason = slurm_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
     was_up = subprocess.run([SCRIPT, "status"], timeout=60).returncode == 0
     subprocess.run([SCRIPT, "start"], timeout=120, check=True)
     assert jobs() == [], "SLURM already runs jobs that are not this file's"
