@@ -88,14 +88,14 @@ def test_dqn_example_learns():
 @pytest.mark.slow
 @pytest.mark.timeout(300)  # long by nature; others share the 2 cores meanwhile
 def test_ippo_example_learns():
-    """3 IPPO batches on VMAS navigation through Collector(backend="dask"): the agents' return rises.
+    """2 IPPO batches on VMAS navigation through Collector(backend="dask"): the agents' return rises.
 
     Sync collection is seeded and deterministic; seed 0 goes -0.83, 0.57, 0.81 here (the untrained policy's
     batches of 60 episodes: -0.83, -0.22, -0.65 for seeds 0, 1, 2).
     """
-    out = run_example("ippo_vmas.py", "--iterations", "3", "--target", "1e9", "--seed", "0")
+    out = run_example("ippo_vmas.py", "--iterations", "2", "--target", "1e9", "--seed", "0")
     losses, returns = losses_and_returns(out)
-    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
     assert returns[-1] - returns[0] >= 0.8, out
 
 
