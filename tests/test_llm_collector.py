@@ -16,6 +16,7 @@ from distributed import Client
 from helpers import add_worker_with, wait_until
 from tensordict import TensorDict, lazy_stack
 from test_collection_engine import FAST, kill_worker_of
+from torchrl.data import LazyStackStorage, ReplayBuffer
 
 pytest.importorskip("transformers")
 
@@ -128,6 +129,19 @@ def test_a_checkpoint_resumes_with_the_turns_left(client):
         rest = list(second)
         assert second.stats()["frames"] == 16
     assert len(rest) == 2 and sum(b.numel() for b in rest) == 8
+
+
+def test_turns_extend_a_replay_buffer_on_the_driver(client):
+    buffer = ReplayBuffer(storage=LazyStackStorage(100), batch_size=4)
+    with DaskLLMCollector(
+        prompt_env, policy_factory=tiny_policy, dialog_turns_per_batch=8, total_dialog_turns=16,
+        num_collectors=2, replay_buffer=buffer, client=client,
+    ) as collector:  # fmt: skip
+        assert list(collector) == [None, None]  # TorchRL's semantics: the batches went to the buffer
+    assert len(buffer) == 16
+    sample = buffer.sample()
+    assert sample.shape == torch.Size([4]) and answers_match(sample, seed=0)
+    assert all(isinstance(text, str) and text for text in sample["text", "response"])
 
 
 def test_keywords_of_env_collectors_are_refused_with_the_fix(client):
