@@ -49,8 +49,8 @@ def factory(args) -> functools.partial:
                              device=args.device)  # fmt: skip
 
 
-def timed(batches, per_batch: int, turns: int) -> tuple[float, int]:
-    """Tokens/s and turns of the batches after the first (the warm-up)."""
+def timed(batches, turns: int) -> float:
+    """Tokens/s of the batches after the first (the warm-up), until ``turns`` turns are timed."""
     it = iter(batches)
     next(it)
     tokens, seen, start = 0, 0, time.perf_counter()
@@ -59,7 +59,7 @@ def timed(batches, per_batch: int, turns: int) -> tuple[float, int]:
         seen += batch.numel()
         if seen >= turns:
             break
-    return tokens / (time.perf_counter() - start), seen
+    return tokens / (time.perf_counter() - start)
 
 
 def dask_side(args, n: int) -> float:
@@ -71,7 +71,7 @@ def dask_side(args, n: int) -> float:
             functools.partial(prompt_env, batch_size=args.dialogs), policy_factory=factory(args),
             dialog_turns_per_batch=per * n, total_dialog_turns=-1, num_collectors=n, client=client,
         ) as collector:  # fmt: skip
-            rate, _ = timed(collector, per * n, args.turns)
+            rate = timed(collector, args.turns)
     return rate
 
 
@@ -85,7 +85,7 @@ def torchrl_side(args, threads: int) -> float:
             functools.partial(prompt_env, batch_size=args.dialogs), policy_factory=factory(args),
             dialog_turns_per_batch=args.dialogs * 2, total_dialog_turns=-1,
         )  # fmt: skip
-        rate, _ = timed(collector, args.dialogs * 2, args.turns)
+        rate = timed(collector, args.turns)
         collector.shutdown()
     finally:
         torch.set_num_threads(before)

@@ -296,7 +296,8 @@ class CollectionSpec:
     def _dialog_kwargs(self, kwargs: dict[str, Any], n: int) -> dict[str, Any]:
         """An ``LLMCollector``'s keywords: its batch counts dialog turns, and the env-collector
         keywords (devices, exploration, random frames, trajectory splitting) do not apply."""
-        kwargs.setdefault("reset_at_each_iter", bool(self.inputs.passed["reset_at_each_iter"]))
+        # The top-level value overwrites collector_kwargs', as OVERRIDING's keywords do for env collectors.
+        kwargs["reset_at_each_iter"] = bool(self.inputs.passed["reset_at_each_iter"])
         kwargs["dialog_turns_per_batch"] = self.batch.frames_per_collector(n)
         return kwargs
 

@@ -12,20 +12,12 @@ count dialog turns, as ``LLMCollector``'s do.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from daskcollect.collector import DaskCollector
 from daskcollect.errors import ConfigurationError
-
-#: ``LLMCollector``'s own keywords, passed to every worker's collector as given.
-LLM_KEYWORDS = (
-    "yield_only_last_steps",
-    "yield_completed_trajectories",
-    "async_envs",
-    "flatten_data",
-    "verbose",
-)
 
 
 class DaskLLMCollector(DaskCollector):
@@ -188,8 +180,6 @@ _ENV_ONLY = ("frames_per_batch", "total_frames", "device", "storing_device", "en
 
 def _check_keywords(kwargs: dict[str, Any]) -> None:
     """Drops Ray's placement keywords (with a warning) and refuses env-collector ones."""
-    import warnings
-
     for name in _RAY_ONLY:
         if kwargs.pop(name, None) is not None:
             warnings.warn(

@@ -7,6 +7,7 @@ reach workers that never saw the script.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
@@ -82,6 +83,19 @@ def counts_dialog_turns(cls: type) -> bool:
     return accepts(cls, "dialog_turns_per_batch")
 
 
+@contextlib.contextmanager
+def _llm_notice_hidden():
+    """Hides TorchRL 0.14's FutureWarning, on every ``LLMCollector`` build, that 0.15 will add InitTracker.
+
+    LLMCollector cannot take ``auto_register_policy_transforms``; the env stays as built, as it does for
+    the env collectors that get ``False`` (collection/spec.py). Only LLM builds are wrapped: filters that
+    a user's constructors set while an env collector builds stay set.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The env passed to LLMCollector", FutureWarning)
+        yield
+
+
 def _factory(env: Any) -> Callable:
     """A constructor for ``ParallelEnv``: an env instance is copied into each sub-process."""
     from torchrl.envs import EnvBase
@@ -145,8 +159,9 @@ class CollectorRecipe:
             env_fn: Any = self.create_env_fn
         else:
             env_fn = _Guarded(self.create_env_fn, EnvConstructionError, "env constructor", where)
+        dialog = counts_dialog_turns(self.collector_class)
         kwargs = dict(self.collector_kwargs)
-        kwargs["total_dialog_turns" if counts_dialog_turns(self.collector_class) else "total_frames"] = -1
+        kwargs["total_dialog_turns" if dialog else "total_frames"] = -1
         if self.policy is not None:
             kwargs["policy"] = self.policy
         if self.policy_factory is not None:
@@ -158,12 +173,7 @@ class CollectorRecipe:
         else:
             env_arg = [env_fn] * self.num_envs
         try:
-            with warnings.catch_warnings():
-                if counts_dialog_turns(self.collector_class):
-                    # LLMCollector cannot take auto_register_policy_transforms, so TorchRL 0.14 warns on
-                    # every build that 0.15 will add InitTracker; the env stays as built, as it does for
-                    # the env collectors we pass False to (collection/spec.py).
-                    warnings.filterwarnings("ignore", "The env passed to LLMCollector", FutureWarning)
+            with _llm_notice_hidden() if dialog else contextlib.nullcontext():
                 return self.collector_class(env_arg, **kwargs)
         except CollectorBuildError:
             raise
