@@ -82,6 +82,18 @@ def test_async_yields_completed_dialogs_in_turns(client):
         assert answers_match(batch, seed=0)
 
 
+def test_without_a_batch_size_each_async_batch_is_one_completed_dialog(client):
+    """As LLMCollector's default: dialog_turns_per_batch=1 per collector, whatever num_collectors is
+    (one dialog at a time in each env: TorchRL rounds a batch up to the env's batch size)."""
+    with DaskLLMCollector(
+        functools.partial(prompt_env, batch_size=1, max_turns=1), policy_factory=tiny_policy, total_dialog_turns=6,
+        yield_completed_trajectories=True, sync_iter=False, num_collectors=2, client=client,
+    ) as collector:  # fmt: skip
+        assert collector.dialog_turns_per_batch == 1
+        batches = list(collector)
+    assert [b.shape for b in batches] == [torch.Size([1])] * 6
+
+
 def test_collectors_go_where_the_resource_is(make_cluster):
     cluster = make_cluster(n_workers=1)
     with Client(cluster, set_as_default=False) as client:

@@ -104,7 +104,8 @@ class DaskLLMCollector(DaskCollector):
                     "dialog_turns_per_batch is required unless yield_completed_trajectories=True "
                     "(then each collector yields one completed trajectory at a time)."
                 )
-            dialog_turns_per_batch = 1 if num_collectors is None else num_collectors
+            # LLMCollector's default, one turn per collector: a sync batch takes one from each.
+            dialog_turns_per_batch = num_collectors if sync_iter and num_collectors else 1
         given = {"yield_only_last_steps": yield_only_last_steps, "async_envs": async_envs,
                  "yield_completed_trajectories": yield_completed_trajectories,
                  "flatten_data": flatten_data, "verbose": verbose}  # fmt: skip

@@ -44,7 +44,7 @@ def describe(collector: Any) -> str:
     mode = "sync" if collector.spec.batch.sync else "async"
     state = "closed" if collector.closed else "open"
     return (
-        f"DaskCollector(num_collectors={collector.num_collectors}, {mode}, "
+        f"{type(collector).__name__}(num_collectors={collector.num_collectors}, {mode}, "
         f"frames_per_batch={collector.frames_per_batch}, total_frames={collector.total_frames}, {state})"
     )
 
