@@ -140,16 +140,23 @@ def noise(stderr: str) -> list[str]:
 
     Dask logs some races of its own shutdown with a traceback (a worker whose
     heartbeat meets a closing scheduler on an overloaded machine); those follow a
-    ``distributed.* - ERROR -`` log line and are not the program's.
+    ``distributed.* - ERROR -`` log line, with the tracebacks chained to it, and
+    are not the program's.
     """
     lines = stderr.splitlines()
     out = [line for line in lines if re.search(r"\w+Warning: ", line)]
-    for i, line in enumerate(lines):
-        if line.startswith("Traceback") and not (
-            i and re.search(r" - distributed\.\S+ - \w+ - ", lines[i - 1])
-        ):
+    previous, dasks = "", False  # the last line that is not blank; whether the chain read is Dask's
+    for line in lines:
+        if line.startswith("Traceback") and not previous.startswith(CHAINED):
+            dasks = re.search(r" - distributed\.\S+ - \w+ - ", previous) is not None  # a chain starts
+        if line.startswith("Traceback") and not dasks:
             out.append(line)
+        previous = line if line.strip() else previous
     return out
+
+
+#: The lines with which Python joins the tracebacks of a chain of exceptions.
+CHAINED = ("The above exception was the direct cause", "During handling of the above exception")
 
 
 CHROMIUM = shutil.which("chromium")

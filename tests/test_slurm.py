@@ -186,37 +186,40 @@ def test_jobs_pending_in_the_queue_end_the_wait_with_their_states(slurm_cluster,
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_run_of_three_walltimes_loses_nothing(slurm_cluster):
-    """dask-jobqueue's walltime pattern: ``--lifetime`` under a 1-minute walltime, and ``adapt``.
+def test_jobs_ended_by_their_lifetime_are_replaced_and_lose_nothing(slurm_cluster):
+    """dask-jobqueue's walltime pattern: ``--lifetime`` under the job's walltime, and ``adapt``.
 
-    Over three walltimes every job retires gracefully before its walltime and
-    a fresh job replaces it. Nothing is lost, no rollout comes twice, every
-    frame is counted.
+    Each job retires gracefully at 15-25 s and a fresh job replaces it, until
+    both job slots have done so twice. Nothing is lost, no rollout comes twice,
+    every frame is counted, and collection goes on with the replacements.
     """
     cluster = slurm_cluster(
         walltime="00:01:00",
-        worker_extra_args=["--resources", "collector=1", "--lifetime", "40s", "--lifetime-stagger", "5s"],
+        worker_extra_args=["--resources", "collector=1", "--lifetime", "20s", "--lifetime-stagger", "5s"],
     )
     cluster.adapt(minimum_jobs=2, maximum_jobs=2)
     batches, submitted = [], set()
-    with Client(cluster, set_as_default=False) as client, dask.config.set(FAST):
+    # Two jobs may end together: their replacements wait in SLURM's queue and start Python meanwhile.
+    patient = {**FAST, "daskcollect.timeouts.workers": "90s"}
+    with Client(cluster, set_as_default=False) as client, dask.config.set(patient):
         client.wait_for_workers(2, timeout=60)
         with following(client, 0.01) as collector:
-            started = time.monotonic()
+            started, after = time.monotonic(), 0
             for batch in collector:
                 batches.append(batch)
                 submitted.update(jobs())
-                if time.monotonic() - started > 185:
+                after += collector.stats()["retired"] >= 4  # then 10 batches more
+                if after > 10 or time.monotonic() - started > 150:
                     break
             stats = collector.stats()
     print(f"{len(submitted)} jobs over {len(batches)} batches; {stats['retired']} retired")
     audit(batches, 100)
     assert stats["frames"] == 100 * len(batches)
     assert stats["rollouts_lost"] == 0 and stats["restarts"] == 0
-    assert stats["retired"] >= 6  # two jobs at a time, each gone within about 45 s, over three minutes
-    assert len(submitted) >= 7  # the first two and their replacements
+    assert stats["retired"] >= 4, f"{stats['retired']} jobs retired in 150 s"
+    assert len(submitted) >= 6  # the first two and their four replacements
     ids = {int(i) for b in batches for i in b["collector", "collector_id"].unique()}
-    assert len(ids) >= 7  # a collector per job
+    assert len(ids) >= 5  # a collector per job: the 10 last batches come from replacements
 
 
 @pytest.mark.slow
