@@ -9,8 +9,8 @@ import pytest
 from helpers import collector_keywords
 
 from daskcollect import NotEnoughWorkersError
+from daskcollect.collection.build import Slot
 from daskcollect.collection.engine import Engine
-from daskcollect.collection.pool import Slot
 from daskcollect.collection.spec import CollectionSpec
 from daskcollect.settings import Settings
 from daskcollect.weights.router import WeightRouter

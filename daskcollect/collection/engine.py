@@ -23,9 +23,10 @@ from typing import Any
 
 from distributed import Client
 
+from daskcollect.collection.build import Slot
 from daskcollect.collection.memmap import MemmapLedger
 from daskcollect.collection.polling import poll_until
-from daskcollect.collection.pool import ActorPool, CollectorLost, Slot
+from daskcollect.collection.pool import ActorPool, CollectorLost
 from daskcollect.collection.spec import CollectionSpec
 from daskcollect.deploy.workers import not_enough_workers
 from daskcollect.errors import ConfigurationError, NotEnoughWorkersError

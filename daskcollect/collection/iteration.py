@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from daskcollect.collection.build import Slot
 from daskcollect.collection.checkpoint import Yielded
 from daskcollect.collection.engine import Engine, Lost
-from daskcollect.collection.pool import Slot
 from daskcollect.scaling.driver import Demand
 from daskcollect.worker.rollout import Rollout
 

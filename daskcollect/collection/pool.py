@@ -1,7 +1,8 @@
-"""The live set of collector actors: the slot table, starting actors, calls in flight, completions.
+"""The live set of collector actors: the slot table, calls in flight, completions.
 
 The pool does what it is told and reports what happened; what to start, what
-to replace and what to count is the engine's (:mod:`daskcollect.collection.engine`).
+to replace and what to count is the engine's (:mod:`daskcollect.collection.engine`),
+how an actor is built is :mod:`daskcollect.collection.build`'s.
 Every wait is bounded by a timeout from :class:`~daskcollect.settings.Settings`.
 A collector whose worker is gone (a failed call, a worker removed from the
 scheduler) or whose rollout outran its timeout is reported as
@@ -17,67 +18,27 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import pickle
 import queue
 import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
-from concurrent.futures import CancelledError
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-from distributed import Actor, Client, Future, wait
+from distributed import Client, wait
 
+from daskcollect.collection.build import Slot, collect_built, find_driver_host, submit_actors
 from daskcollect.collection.polling import poll_until
-from daskcollect.deploy.py_modules import missing_module_hint
 from daskcollect.deploy.workers import eligible_workers, live_workers
-from daskcollect.errors import CollectorBuildError, CollectorTimeoutError, DaskCollectError, RolloutError
-from daskcollect.retirement import ACTOR_KEY_PREFIX
+from daskcollect.errors import CollectorTimeoutError, RolloutError
 from daskcollect.settings import Settings
 from daskcollect.streams.driver import CompletionStreams
 from daskcollect.weights.payload import Sent
-from daskcollect.worker.launch import start_collector
 from daskcollect.worker.rollout import ActorSpec, Rollout
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class Slot:
-    """One collector: its actor and what the driver knows about it.
-
-    Attributes:
-        index: The collector's index (0..num_collectors-1).
-        uid: The actor incarnation (namespaces trajectory ids).
-        address: The worker hosting the actor.
-        future: The actor's task future; releasing it deletes the actor.
-        actor: The actor proxy.
-        recipe: The cloudpickled recipe, kept to start a replacement.
-        on_driver_host: Its worker reads the driver's shared memory, so it gets
-            weights through the shared-memory transport.
-        rollouts: Rollouts it delivered; ``frames`` their frames, ``seconds``
-            their wall time on the worker.
-        policy_version: The weights version of its last rollout.
-        retiring: Its worker is retiring gracefully: no new calls.
-        retired: Its actor has been closed and released.
-    """
-
-    index: int
-    uid: int
-    address: str
-    future: Future
-    actor: Actor
-    recipe: bytes
-    on_driver_host: bool = False
-    rollouts: int = 0
-    frames: int = 0
-    seconds: float = 0.0
-    policy_version: int = 0
-    retiring: bool = False
-    retired: bool = False
-    inflight: int = 0
 
 
 @dataclass(eq=False)
@@ -307,35 +268,31 @@ class ActorPool:
         alive = self.live_workers()
         lost = [i for i, _, a in todo if a not in alive or a in self.retiring_workers]
         todo = [t for t in todo if t[0] not in lost]
-        try:
-            blobs = self._send_recipes(todo)
-        except (OSError, TimeoutError, KeyError) as exc:  # a target left (the scheduler no longer knows it)
-            logger.info("could not send the recipe (%s: %s)", type(exc).__name__, exc)
-            return [], lost + [t[0] for t in todo]
         with self.lock:
             uids = list(range(self._next_uid, self._next_uid + len(todo)))
             self._next_uid += len(todo)
-        futures = [
-            self.client.submit(
-                start_collector,
-                pickle.dumps(replace(self.template, index=index, uid=uid, seed=seed)),
-                blobs[recipe],
-                actor=True,
-                workers=[address],
-                allow_other_workers=False,
-                pure=False,
-                key=f"{ACTOR_KEY_PREFIX}{self._token}-{uid}",
-            )
-            for (index, recipe, address), uid in zip(todo, uids)
-        ]
         try:
-            slots, left = self._collect_built(todo, uids, futures)
+            futures = submit_actors(
+                self.client, todo, uids, self.template, self._token, seed, self.settings.timeouts.weights
+            )
+        except (OSError, TimeoutError, KeyError) as exc:  # a target left (the scheduler no longer knows it)
+            logger.info("could not send the recipe (%s: %s)", type(exc).__name__, exc)
+            return [], lost + [t[0] for t in todo]
+        try:
+            slots, left = collect_built(
+                self.client, todo, uids, futures, self.settings.timeouts.actor_start, self._usable
+            )
         except BaseException:
             self.client.cancel(futures)
             raise
-        self._find_driver_host(slots)
-        self._streams.open([(s.uid, s.address, s.future.key, s.on_driver_host) for s in slots])
+        self._opened(slots)
         return slots, lost + left
+
+    def _usable(self) -> set[str]:
+        """The workers that can host a collector now: known to the scheduler and not retiring."""
+        alive = self.live_workers()
+        with self.lock:
+            return alive - self.retiring_workers
 
     def adopt(self, members: list[Any], recipes: dict[int, bytes]) -> list[Slot]:
         """Takes over the running actors of a collection whose driver died (:mod:`daskcollect.reattach.driver`).
@@ -371,81 +328,14 @@ class ActorPool:
                 continue
             slots.append(Slot(m.index, m.uid, m.address, m.future, actor, recipes.get(m.index, recipes[0])))
         self.reserve_uids(max((m.uid for m in members), default=-1) + 1)
-        self._find_driver_host(slots)
-        self._streams.open([(s.uid, s.address, s.future.key, s.on_driver_host) for s in slots])
+        self._opened(slots)
         return slots
 
-    def _send_recipes(self, todo: list[tuple[int, bytes, str]]) -> dict[bytes, Future]:
-        """Sends each distinct recipe once; the other targets fetch it from there when they build."""
-        targets: dict[bytes, set[str]] = {}
-        for _, recipe, address in todo:
-            targets.setdefault(recipe, set()).add(address)
-        return {
-            recipe: self.client.scatter(
-                recipe, workers=sorted(where), hash=False, direct=True, timeout=self.settings.timeouts.weights
-            )
-            for recipe, where in targets.items()
-        }
-
-    def _collect_built(
-        self, todo: list, uids: list[int], futures: list[Future]
-    ) -> tuple[list[Slot], list[int]]:
-        """Waits (bounded) for the actors: the slots built, and the indices whose worker left.
-
-        Raises:
-            CollectorTimeoutError: For actors neither built nor lost in time.
-        """
-        timeout = self.settings.timeouts.actor_start
-        try:
-            with self.client.as_current():
-                wait(futures, timeout=timeout, return_when="ALL_COMPLETED")
-        except (TimeoutError, CancelledError):
-            pass  # sorted out below, future by future
-        alive = self.live_workers()
-        slots, lost, late = [], [], []
-        for (index, recipe, address), uid, future in zip(todo, uids, futures):
-            if future.status == "error":
-                exc = future.exception()
-                if isinstance(exc, DaskCollectError):
-                    raise exc  # ours, raised on the worker: it names the cause already
-                hint = missing_module_hint(exc)
-                if hint:
-                    raise CollectorBuildError(
-                        f"A collector could not be started on {address}. {hint}"
-                    ) from exc
-                raise CollectorBuildError(
-                    f"A collector could not be started on {address}: {type(exc).__name__}: "
-                    f"{exc}. Check that daskcollect, torch and torchrl are installed on the "
-                    "workers in the same versions as here.",
-                ) from exc
-            if future.status == "finished":
-                with self.client.as_current():
-                    actor = future.result(timeout=timeout)
-                slots.append(Slot(index, uid, address, future, actor, recipe))
-            elif address not in alive or address in self.retiring_workers or future.status != "pending":
-                lost.append(index)  # its worker left (or is leaving) during the start
-                self.client.cancel([future])
-            else:
-                late.append(index)
-        if late:
-            raise CollectorTimeoutError(
-                f"Collectors {late} were not built within {timeout:g}s. Building envs "
-                "and policy on the workers is too slow or stuck: check the env "
-                "constructor, or raise daskcollect.timeouts.actor-start.",
-                indices=late,
-            )
-        return slots, lost
-
-    def _find_driver_host(self, slots: list[Slot]) -> None:
-        """Marks the slots whose worker reads the driver's shared memory (asked once, bounded)."""
-        if self.template.shared_memory is None:
-            return
-        calls = [(slot, slot.actor.shares_driver_memory()) for slot in slots]
-        for slot, call in calls:
-            try:
-                slot.on_driver_host = bool(call.result(timeout=self.settings.timeouts.call))
-            except Exception as exc:  # its worker is leaving: the rollout path will tell
-                logger.debug("collector %d: no answer on shared memory (%s)", slot.index, exc)
+    def _opened(self, slots: list[Slot]) -> None:
+        """Learns which new slots share the driver's host, and opens their completion streams."""
+        if self.template.shared_memory is not None:
+            find_driver_host(slots, self.settings.timeouts.call)
+        self._streams.open([(s.uid, s.address, s.future.key, s.on_driver_host) for s in slots])
 
     # --- rollouts ----------------------------------------------------------
     def submit(self, slot: Slot, weights: Sent | None, version: int = 0) -> bool:

@@ -17,7 +17,8 @@ from daskcollect.retirement import RETIRING_TOPIC
 from daskcollect.retirement.scheduler import GracefulRetirement
 
 if TYPE_CHECKING:  # the pool loads torch
-    from daskcollect.collection.pool import ActorPool, Slot
+    from daskcollect.collection.build import Slot
+    from daskcollect.collection.pool import ActorPool
 
 logger = logging.getLogger(__name__)
 
