@@ -85,6 +85,7 @@ def _worker_state(dask_worker) -> dict[str, list[str]]:
     return {
         "actors": [str(k) for k in dask_worker.state.actors if str(k).startswith(PREFIX)],
         "plugins": [name for name in dask_worker.plugins if name.startswith(PREFIX)],
+        "handlers": [name for name in dask_worker.handlers if name.startswith(PREFIX)],
     }
 
 
@@ -133,7 +134,8 @@ class SessionCluster:
         return pids
 
     def footprint(self) -> Footprint:
-        """What the test left on it: daskcollect's actors, worker and scheduler plugins; any task."""
+        """What the test left on it: daskcollect's actors, worker plugins and handlers, scheduler plugins;
+        any task."""
         try:
             workers = self.client.run(_worker_state, callback_timeout=ANSWER)
             scheduler = self.client.run_on_scheduler(_scheduler_state, callback_timeout=ANSWER)
@@ -142,6 +144,7 @@ class SessionCluster:
         return {
             "actors": {f"{a} on {w}" for w, s in workers.items() for a in s["actors"]},
             "worker plugins": {f"{p} on {w}" for w, s in workers.items() for p in s["plugins"]},
+            "worker handlers": {f"{h} on {w}" for w, s in workers.items() for h in s["handlers"]},
             "scheduler plugins": set(scheduler["plugins"]),
             "scheduler tasks": set(scheduler["tasks"]),
         }

@@ -31,7 +31,6 @@ from daskcollect.monitoring.worker import EpisodeTracker, TimeSplit
 from daskcollect.streams import local
 from daskcollect.streams import worker as stream
 from daskcollect.streams.packing import Packer
-from daskcollect.weights import tree
 from daskcollect.weights.payload import WeightsRef
 from daskcollect.worker import checkpoint
 from daskcollect.worker.checkpoint import Position, Resumed
@@ -52,9 +51,7 @@ class CollectorActor:
         # Rollouts come from the completion stream, the other calls as Dask RPCs; sync ones share
         # Dask's actor thread, and the lock also keeps close() from another thread out.
         self._busy = threading.Lock()
-        self._worker = get_worker()
-        tree.install(self._worker)  # this worker may pass weights on to other hosts' workers
-        stream.install(self._worker)  # the driver takes this collector's rollouts over a stream
+        self._worker = get_worker()  # the worker setup made it serve streams and the weights' tree
         self.spec = spec
         self.where = f"collector {spec.index} on worker {self._worker.address}"
         if spec.memmap_root is not None:

@@ -43,6 +43,16 @@ def _load_collector_stack(torch_threads: int | None) -> None:
         torch.set_num_threads(torch_threads)
 
 
+def _serve(worker: Any) -> None:
+    """Adds the requests the collectors' streams and the weights' tree answer (idempotent; the last
+    collection out removes them, so an actor whose build ends after that adds nothing back)."""
+    from daskcollect.streams import worker as stream
+    from daskcollect.weights import tree
+
+    tree.install(worker)  # this worker may pass weights on to other hosts' workers
+    stream.install(worker)  # the driver takes its collectors' rollouts over a stream
+
+
 def foreign_scratch_dirs(paths: list[str], own: str | None) -> list[str]:
     """The ``sys.path`` entries that are other Dask nodes' scratch directories.
 
@@ -106,6 +116,8 @@ class WorkerSetup(WorkerPlugin):
                 self.token, self.retire_signals, retire_worker_on(worker), worker_process()
             )
         await asyncio.get_running_loop().run_in_executor(None, _load_collector_stack, self.torch_threads)
+        if worker is not None:
+            _serve(worker)
         if not first:
             return
         if self.trim_sys_path:
