@@ -35,9 +35,11 @@ def test_quickstart():
 
 @pytest.mark.timeout(300)  # long by nature; others share the 2 cores meanwhile
 def test_layouts():
-    out = run_example("layouts.py", "--frames", "2000")  # the default: N = 4, three layouts
-    for layout in ["1 collector(s) x 4 env(s)", "2 collector(s) x 2 env(s)", "4 collector(s) x 1 env(s)"]:
-        assert layout in out, out
+    """N = 2: a ParallelEnv in one collector, and one env in each of two (N = 4 adds their mix, two
+    ParallelEnvs, and starts 12 processes instead of 4: 40 s more on 2 cores)."""
+    out = run_example("layouts.py", "--cpus", "2", "--frames", "2000")
+    for layout in ["1 collector(s) x 2 env(s)", "2 collector(s) x 1 env(s)"]:
+        assert re.search(rf"{re.escape(layout)} +batch shapes \[\(.+\)\] +\d+ frames/s", out), out
 
 
 def losses_and_returns(out: str) -> tuple[list[float], list[float]]:
