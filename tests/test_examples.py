@@ -74,16 +74,16 @@ def test_ppo_example_stops_and_resumes_from_its_checkpoint(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)  # long by nature; others share the 2 cores meanwhile
 def test_dqn_example_learns():
-    """20k DQN frames, async, 5 greedy evaluations: the best beats a random policy (about 22) by far.
+    """12k DQN frames, async, 4 greedy evaluations: the best beats a random policy (about 22) by far.
 
-    Async collection is not deterministic and DQN's greedy score swings between evaluations (it fell
-    from 104 to 54 once between 10k and 20k frames), so the test asserts on the best evaluation.
+    Async collection is not deterministic and DQN's greedy score swings between evaluations (104 at 5k
+    frames, 264 at 10k, 94 at 15k in one benchmark run), so the test asserts on the best evaluation.
     """
-    out = run_example("dqn_cartpole.py", "--frames", "20000", "--random-frames", "2000", "--eps-frames",
-                      "10000", "--eval-every", "4000", "--target", "1e9", "--seed", "0")  # fmt: skip
+    out = run_example("dqn_cartpole.py", "--frames", "12000", "--random-frames", "1000", "--eps-frames",
+                      "6000", "--eval-every", "3000", "--target", "1e9", "--seed", "0")  # fmt: skip
     losses, returns = losses_and_returns(out)
-    assert len(losses) == 5 and all(math.isfinite(x) for x in losses)
-    # untrained greedy Q-nets score about 9; random play 22 +- 5 over 5 episodes; 6 local runs: best 175-232
+    assert len(losses) == 4 and all(math.isfinite(x) for x in losses)
+    # untrained greedy Q-nets score about 9; random play 22 +- 5 over 5 episodes; 3 local runs: best 188-228
     assert max(returns) >= 100, out
 
 
