@@ -44,13 +44,16 @@ def _load_collector_stack(torch_threads: int | None) -> None:
 
 
 def _serve(worker: Any) -> None:
-    """Adds the requests the collectors' streams and the weights' tree answer (idempotent; the last
-    collection out removes them, so an actor whose build ends after that adds nothing back)."""
+    """Adds the requests that collectors' streams, the weights' tree and inference servers answer
+    (idempotent; the last collection out removes them, so an actor whose build ends after that adds
+    nothing back)."""
+    from daskcollect.inference import transport as inference
     from daskcollect.streams import worker as stream
     from daskcollect.weights import tree
 
     tree.install(worker)  # this worker may pass weights on to other hosts' workers
     stream.install(worker)  # the driver takes its collectors' rollouts over a stream
+    inference.install(worker)  # collectors ask an inference server here, if one runs here
 
 
 def foreign_scratch_dirs(paths: list[str], own: str | None) -> list[str]:
