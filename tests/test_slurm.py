@@ -236,7 +236,8 @@ def test_a_preempted_job_retires_its_collector_gracefully(slurm_cluster):
         with following(client, 0.005) as collector:
             batches += [next(iter(collector))]
             preemptor = subprocess.run(
-                ["sbatch", "--parsable", "-p", "high", "-c", str(8 - len(workers) + 1), "--wrap", "sleep 1"],
+                ["sbatch", "--parsable", "-p", "high", "-c", str(8 - len(workers) + 1), "-o", os.devnull,
+                 "--wrap", "sleep 1"],
                 capture_output=True, text=True, timeout=30, check=True,
             ).stdout.strip()  # fmt: skip
             for batch in collector:  # SLURM preempts jobs that have run about 40 s here
