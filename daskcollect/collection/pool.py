@@ -29,7 +29,7 @@ from typing import Any
 
 from distributed import Client, wait
 
-from daskcollect.collection.build import Slot, collect_built, find_driver_host, submit_actors
+from daskcollect.collection.build import Slot, Target, collect_built, find_driver_host, submit_actors
 from daskcollect.collection.polling import poll_until
 from daskcollect.deploy.workers import eligible_workers, live_workers
 from daskcollect.errors import CollectorTimeoutError, RolloutError
@@ -251,9 +251,7 @@ class ActorPool:
             self._answer(uid, None, f"its worker {address} left the cluster")
 
     # --- start ------------------------------------------------------------
-    def launch(
-        self, todo: list[tuple[int, bytes, str]], seed: int | None = None
-    ) -> tuple[list[Slot], list[int]]:
+    def launch(self, todo: list[Target], seed: int | None = None) -> tuple[list[Slot], list[int]]:
         """One attempt to start actors: ``(index, recipe, address)`` each; nothing is added to the table.
 
         Returns:
@@ -265,8 +263,8 @@ class ActorPool:
             CollectorTimeoutError: If a collector is not built within
                 ``daskcollect.timeouts.actor-start``.
         """
-        alive = self.live_workers()
-        lost = [i for i, _, a in todo if a not in alive or a in self.retiring_workers]
+        usable = self._usable()
+        lost = [i for i, _, a in todo if a not in usable]
         todo = [t for t in todo if t[0] not in lost]
         with self.lock:
             uids = list(range(self._next_uid, self._next_uid + len(todo)))
