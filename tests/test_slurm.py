@@ -240,7 +240,7 @@ def test_a_preempted_job_retires_its_collector_gracefully(slurm_cluster):
                  "--wrap", "sleep 1"],
                 capture_output=True, text=True, timeout=30, check=True,
             ).stdout.strip()  # fmt: skip
-            for batch in collector:  # SLURM preempts jobs that have run about 40 s here
+            for batch in collector:  # SLURM cancels a job about 40 s after the preemptor's submission here
                 batches.append(batch)
                 if collector.stats()["retired"] == 1:
                     break
