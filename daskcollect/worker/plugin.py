@@ -35,6 +35,7 @@ def _load_collector_stack(torch_threads: int | None) -> None:
     """Imports what collectors need, registers the serializers, sets torch's threads (off the loop)."""
     import torch
 
+    import daskcollect.inference.transport  # noqa: F401  (0.3 s more, here rather than on the loop in _serve)
     import daskcollect.worker.actor  # noqa: F401  (torch, tensordict, TorchRL, before the first actor)
     from daskcollect.streams.serialization import register_serializers
 
