@@ -15,6 +15,7 @@ import torch
 from distributed import get_worker
 
 from daskcollect import _internals
+from daskcollect.inference import transport
 from daskcollect.inference.transport import SERVING, ServerTransport
 
 
@@ -43,7 +44,8 @@ class InferenceActor:
     def __init__(self, spec: ServerSpec, policy: bytes, weights: Any = None):
         from torchrl.modules.inference_server import InferenceServer
 
-        worker = get_worker()  # the worker setup made it accept inference channels
+        worker = get_worker()
+        transport.install(worker)
         self.spec = spec
         # The forward passes get the threads the worker declares (dask worker --nthreads), not the
         # one a collector's worker gets (daskcollect.worker.torch-threads).

@@ -35,7 +35,6 @@ def _load_collector_stack(torch_threads: int | None) -> None:
     """Imports what collectors need, registers the serializers, sets torch's threads (off the loop)."""
     import torch
 
-    import daskcollect.inference.transport  # noqa: F401  (0.3 s more, here rather than on the loop in _serve)
     import daskcollect.worker.actor  # noqa: F401  (torch, tensordict, TorchRL, before the first actor)
     from daskcollect.streams.serialization import register_serializers
 
@@ -45,16 +44,18 @@ def _load_collector_stack(torch_threads: int | None) -> None:
 
 
 def _serve(worker: Any) -> None:
-    """Adds the requests that collectors' streams, the weights' tree and inference servers answer
-    (idempotent; the last collection out removes them, so an actor whose build ends after that adds
-    nothing back)."""
-    from daskcollect.inference import transport as inference
+    """Adds the requests that collectors' streams and the weights' tree answer (idempotent; the last
+    collection out removes them, so an actor whose build ends after that adds nothing back).
+
+    Both modules are light (``daskcollect.worker.actor`` imports them). The inference servers' handler
+    is left to each server: its module imports TorchRL, which the actors' threads import meanwhile,
+    and two threads importing TorchRL by different entry points fail on its circular imports.
+    """
     from daskcollect.streams import worker as stream
     from daskcollect.weights import tree
 
     tree.install(worker)  # this worker may pass weights on to other hosts' workers
     stream.install(worker)  # the driver takes its collectors' rollouts over a stream
-    inference.install(worker)  # collectors ask an inference server here, if one runs here
 
 
 def foreign_scratch_dirs(paths: list[str], own: str | None) -> list[str]:
